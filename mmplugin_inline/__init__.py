@@ -1,0 +1,19 @@
+"""mmplugin_inline: InLine attention backbones for mmdetection and mmsegmentation.
+
+Importing the package (as ``custom_imports=dict(imports=['mmplugin_inline'])`` does)
+registers the backbones and necks in the plugin's registry and in mmdet's / mmseg's.
+``mmplugin_inline.core`` (the kernels) needs only PyTorch.
+"""
+from .version import __version__
+
+try:
+    import mmengine  # noqa: F401
+except ModuleNotFoundError:  # kernels-only use: ``from mmplugin_inline.core import ...``
+    pass
+else:
+    from . import models  # noqa: F401  (registers the models)
+    from .registry import register_into_codebases
+
+    register_into_codebases()
+
+__all__ = ['__version__']

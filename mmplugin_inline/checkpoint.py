@@ -1,0 +1,158 @@
+"""Loading the authors' released classification checkpoints into the backbones.
+
+The conversion is a pure function (:func:`convert_checkpoint`): it detects the file's
+layout (``{'model': ...}``, ``{'state_dict': ...}``, ``module.`` / ``backbone.``
+prefixes) and the family it was trained as, renames keys to the backbone's names and
+drops the classifier and non-persistent buffers. :func:`load_pretrained` adds what
+needs the model: resizing position embeddings / tables, loading, and a loud report.
+Files are read with ``torch.load(weights_only=True)``; a file that needs arbitrary
+unpickling is refused unless the caller opts in (``allow_unsafe=True``).
+"""
+import logging
+import re
+from collections import OrderedDict
+from typing import Dict, Optional, Tuple
+
+import torch
+
+FAMILY_SIGNATURES = {  # a key only that family's released checkpoints have
+    'InLinePVT': re.compile(r'^pos_embed1$|^block1\.'),
+    'InLineSwinTransformer': re.compile(r'^layers\.\d+\.blocks\.'),
+    'InLineCSWinTransformer': re.compile(r'^stage1_conv_embed\.|^stage1\.\d+\.'),
+    'InLineDeiT': re.compile(r'^blocks\.\d+\.attn\.'),
+}
+# entries never loaded into a backbone: classifiers and buffers rebuilt at run time
+DROPPED = re.compile(r'^head(_dist)?\.|(^|\.)attn_mask$|relative_position_index$')
+
+CSWIN_RENAMES = (  # the authors' CSWin keeps qkv / proj / attns in the block
+    (re.compile(r'^(stage\d+\.\d+)\.(qkv|proj|attns)\.'), r'\1.attn.\2.'),
+)
+
+
+class UnsafeCheckpointError(RuntimeError):
+    """The file needs full unpickling, which the caller has not allowed."""
+
+
+def load_checkpoint_file(path: str, allow_unsafe: bool = False, map_location='cpu'):
+    """``torch.load`` a checkpoint safely (``weights_only=True``).
+
+    Args:
+        path (str): the file.
+        allow_unsafe (bool): fall back to full unpickling (runs code from the file).
+            Only for files you trust. Default: False.
+
+    Raises:
+        FileNotFoundError: when the file does not exist, naming it.
+        UnsafeCheckpointError: when it holds more than tensors and plain containers.
+    """
+    import os
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f'checkpoint file not found: {path}')
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - pickle errors come in several types
+        if not allow_unsafe:
+            raise UnsafeCheckpointError(
+                f'{path} cannot be loaded with weights_only=True: it contains Python objects '
+                f'beyond tensors ({str(exc).splitlines()[0]}). Loading it would run code from '
+                'the file. If you trust it, opt in: init_cfg=dict(type="Pretrained", '
+                'checkpoint=..., allow_unsafe=True), or --allow-unsafe for the converter; '
+                'or re-save only its state dict.') from exc
+        return torch.load(path, map_location=map_location, weights_only=False)
+
+
+def unwrap_state_dict(obj) -> Dict[str, torch.Tensor]:
+    """Find the state dict in a checkpoint and strip ``module.`` / ``backbone.`` prefixes."""
+    if not isinstance(obj, dict):
+        raise TypeError(f'a checkpoint must be a dict, got {type(obj).__name__}')
+    for key in ('state_dict', 'model', 'model_ema', 'module'):
+        if key in obj and isinstance(obj[key], dict):
+            obj = obj[key]
+            break
+    sd = OrderedDict((k, v) for k, v in obj.items() if isinstance(v, torch.Tensor))
+    if not sd:
+        raise ValueError('no tensors found in the checkpoint (expected a state dict, or a dict '
+                         "with 'model' / 'state_dict')")
+    if all(k.startswith('module.') for k in sd):
+        sd = OrderedDict((k[len('module.'):], v) for k, v in sd.items())
+    if any(k.startswith('backbone.') for k in sd):  # a detector / segmentor checkpoint
+        sd = OrderedDict((k[len('backbone.'):], v) for k, v in sd.items()
+                         if k.startswith('backbone.'))
+    return sd
+
+
+def detect_family(sd: Dict[str, torch.Tensor]) -> Optional[str]:
+    """Name of the family whose released checkpoints look like ``sd``, or None."""
+    scores = {name: sum(bool(p.search(k)) for k in sd) for name, p in FAMILY_SIGNATURES.items()}
+    best = max(scores, key=scores.get)
+    return best if scores[best] else None
+
+
+def convert_checkpoint(obj, family: str) -> Dict[str, torch.Tensor]:
+    """Convert a released checkpoint (any supported layout) to ``family``'s key names.
+
+    Args:
+        obj (dict): the loaded checkpoint.
+        family (str): backbone class name, e.g. ``'InLineSwinTransformer'``.
+
+    Returns:
+        OrderedDict: the converted state dict (classifier and buffers dropped).
+    """
+    sd = unwrap_state_dict(obj)
+    out = OrderedDict()
+    for key, value in sd.items():
+        if DROPPED.search(key):
+            continue
+        if family == 'InLineCSWinTransformer':
+            for pattern, repl in CSWIN_RENAMES:
+                key = pattern.sub(repl, key)
+        out[key] = value
+    return out
+
+
+def load_pretrained(model: torch.nn.Module, path: str, family: str, allow_unsafe: bool = False,
+                    logger: Optional[logging.Logger] = None,
+                    min_match: float = 0.5) -> Tuple[list, list, list]:
+    """Load a released checkpoint into ``model`` and report what matched.
+
+    ``model.adapt_pretrained(sd)`` (when defined) resizes position embeddings and
+    tables in ``sd`` to the model's. Entries whose shapes still differ are skipped and
+    reported.
+
+    Returns:
+        tuple: ``(missing, unexpected, mismatched)`` key lists.
+
+    Raises:
+        RuntimeError: when less than ``min_match`` of the model's parameters matched,
+            naming the family the checkpoint looks like.
+    """
+    from mmengine.logging import print_log
+    sd = convert_checkpoint(load_checkpoint_file(path, allow_unsafe), family)
+    if hasattr(model, 'adapt_pretrained'):
+        sd = model.adapt_pretrained(sd)
+    own = model.state_dict()
+    mismatched = [k for k, v in sd.items() if k in own and own[k].shape != v.shape]
+    loadable = OrderedDict((k, v) for k, v in sd.items() if k in own and k not in mismatched)
+    unexpected = [k for k in sd if k not in own]
+    missing = [k for k in own if k not in loadable]
+    n_params = sum(1 for k, _ in model.named_parameters())
+    matched_params = sum(1 for k, _ in model.named_parameters() if k in loadable)
+    report = (f'{family}: loaded {len(loadable)} / {len(sd)} checkpoint entries from {path}; '
+              f'{matched_params} / {n_params} model parameters matched, {len(missing)} missing, '
+              f'{len(unexpected)} unexpected, {len(mismatched)} with another shape')
+    if matched_params < min_match * n_params:
+        guess = detect_family(sd)
+        cause = (f'the file looks like an {guess} checkpoint' if guess and guess != family else
+                 'the checkpoint is probably for another arch / size (e.g. small weights into '
+                 'a tiny model) or another model altogether')
+        raise RuntimeError(f'{report}. Almost nothing matched: {cause}. Examples: missing '
+                           f'{missing[:3]}, unexpected {unexpected[:3]}, other shape '
+                           f'{mismatched[:3]}')
+    model.load_state_dict(loadable, strict=False)
+    print_log(report, logger=logger or 'current')
+    for title, keys in (('missing', missing), ('unexpected', unexpected),
+                        ('shape mismatch', mismatched)):
+        if keys:
+            print_log(f'{family}: {title} keys: {keys}', logger=logger or 'current',
+                      level=logging.WARNING)
+    return missing, unexpected, mismatched

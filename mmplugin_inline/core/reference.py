@@ -1,0 +1,87 @@
+"""Explicit N x N forms: the definitions the fast kernels are checked against.
+
+These build the full attention matrix and are meant for tests, analysis and pictures
+on small inputs, never for models. ``inline_attention_authors`` transcribes the
+formula of the authors' released code (their pre-scaling included) for benchmarks
+and numerical comparisons.
+"""
+from typing import Optional
+
+import torch
+
+from .kernels import get_kernel
+
+
+def _scale(q: torch.Tensor, scale: Optional[float]) -> float:
+    return q.shape[-1] ** -0.5 if scale is None else scale
+
+
+def inline_attention_weights(q: torch.Tensor,
+                             k: torch.Tensor,
+                             kernel: str = 'identity',
+                             scale: Optional[float] = None) -> torch.Tensor:
+    """InLine attention weights, exactly as defined.
+
+    ``w_ij = 1/N + (s/N) * phi(q_i) . (phi(k_j) - mean_j phi(k_j))``; every row sums to 1.
+
+    Args:
+        q (Tensor): [B, heads, Nq, d].
+        k (Tensor): [B, heads, N, d].
+        kernel (str): feature map phi. Default: 'identity'.
+        scale (float, optional): s, default d ** -0.5.
+
+    Returns:
+        Tensor: [B, heads, Nq, N].
+    """
+    phi = get_kernel(kernel)
+    q, k = phi(q), phi(k)
+    n = k.shape[-2]
+    k_centred = k - k.mean(dim=-2, keepdim=True)
+    return 1.0 / n + (_scale(q, scale) / n) * (q @ k_centred.transpose(-2, -1))
+
+
+def inline_attention_reference(q, k, v, kernel='identity', scale=None):
+    """InLine attention through the explicit weights: ``W @ V``, [B, heads, Nq, dv]."""
+    return inline_attention_weights(q, k, kernel, scale) @ v
+
+
+def linear_attention_weights(q, k, kernel='identity', eps=1e-6):
+    """Plain linear attention weights ``phi(q_i).phi(k_j) / sum_j phi(q_i).phi(k_j)``.
+
+    Not injective: scaling q (or, under softmax-like kernels, other changes) leaves the
+    rows unchanged. ``eps`` guards the sum, which the identity kernel can make zero.
+    """
+    phi = get_kernel(kernel)
+    scores = phi(q) @ phi(k).transpose(-2, -1)
+    return scores / (scores.sum(dim=-1, keepdim=True) + eps)
+
+
+def linear_attention_reference(q, k, v, kernel='identity', eps=1e-6):
+    """Plain linear attention through its explicit weights, [B, heads, Nq, dv]."""
+    return linear_attention_weights(q, k, kernel, eps) @ v
+
+
+def softmax_attention_weights(q, k, kernel='identity', scale=None):
+    """Softmax attention weights ``softmax(s q k^T)``; ``kernel`` is ignored."""
+    return torch.softmax((q @ k.transpose(-2, -1)) * _scale(q, scale), dim=-1)
+
+
+def softmax_attention_reference(q, k, v, kernel='identity', scale=None):
+    """Softmax attention with the N x N matrix materialised, [B, heads, Nq, dv]."""
+    return softmax_attention_weights(q, k, kernel, scale) @ v
+
+
+def inline_attention_authors(q, k, v, kernel='identity', scale=None):
+    """The authors' released formulation, transcribed with every intermediate.
+
+    ``q @ ((k^T sqrt(s/N)) @ (v sqrt(s/N))) + (1 - q @ mean_k^T * s) * mean_v`` with
+    phi applied to q and k first. Same value as the definition in exact arithmetic,
+    but it subtracts two large terms, so it loses accuracy in low precision.
+    """
+    phi = get_kernel(kernel)
+    q, k = phi(q), phi(k)
+    n = k.shape[-2]
+    s = _scale(q, scale)
+    kv = (k.transpose(-2, -1) * (s / n) ** 0.5) @ (v * (s / n) ** 0.5)
+    return q @ kv + (1 - q @ k.mean(dim=2, keepdim=True).transpose(-2, -1) * s) \
+        * v.mean(dim=2, keepdim=True)

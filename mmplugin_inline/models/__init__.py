@@ -1,0 +1,6 @@
+"""Models of mmplugin_inline: importing this registers them in the plugin's registry."""
+from .backbones import (InLineBackbone, InLineCSWinTransformer, InLineDeiT, InLinePVT,
+                        InLineSwinTransformer)
+
+__all__ = ['InLineBackbone', 'InLinePVT', 'InLineSwinTransformer', 'InLineCSWinTransformer',
+           'InLineDeiT']

@@ -1,0 +1,119 @@
+"""What the four InLine backbones share: the OpenMMLab backbone contract."""
+import copy
+from typing import List, Sequence
+
+import torch.nn as nn
+from mmengine.model import BaseModule
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from mmplugin_inline.checkpoint import load_pretrained
+
+
+def resolve_arch(arch, settings: dict, family: str, required: Sequence[str]) -> dict:
+    """A preset by name (``'t'``, ``'tiny'``, ...) or an explicit dict with ``required`` keys."""
+    if isinstance(arch, str):
+        key = arch.lower()
+        aliases = {'tiny': 't', 'small': 's', 'medium': 'm', 'base': 'b', 'large': 'l'}
+        key = aliases.get(key, key)
+        if key not in settings:
+            raise ValueError(f'{family}: unknown arch {arch!r}; choose one of '
+                             f'{sorted(settings)} or pass a dict with {list(required)}')
+        return copy.deepcopy(settings[key])
+    if isinstance(arch, dict):
+        missing = [k for k in required if k not in arch]
+        if missing:
+            raise ValueError(f'{family}: arch dict lacks {missing} (needs {list(required)})')
+        return copy.deepcopy(arch)
+    raise TypeError(f'{family}: arch must be a preset name or a dict, got {type(arch).__name__}')
+
+
+def normalize_out_indices(out_indices, num_outputs: int, family: str):
+    """Validate ``out_indices`` (negative indices allowed) into a sorted tuple."""
+    if isinstance(out_indices, int):
+        out_indices = (out_indices,)
+    result = []
+    for i in out_indices:
+        j = i + num_outputs if i < 0 else i
+        if not 0 <= j < num_outputs:
+            raise ValueError(f'{family}: out_indices {tuple(out_indices)} out of range for '
+                             f'{num_outputs} outputs')
+        result.append(j)
+    return tuple(sorted(set(result)))
+
+
+class InLineBackbone(BaseModule):
+    """Base of the InLine backbones.
+
+    Subclasses define ``stage_modules()`` (the modules of the stem and of each stage,
+    for ``frozen_stages``) and may define ``adapt_pretrained(sd)``.
+
+    ``frozen_stages``: -1 freezes nothing; 0 the stem (first patch embedding); ``k``
+    the stem and the first ``k`` stages. It holds after ``train()``. ``norm_eval``
+    keeps BatchNorm layers (if any are configured) in eval mode during training.
+    ``init_cfg=dict(type='Pretrained', checkpoint=PATH)`` loads the authors' released
+    classification checkpoint (see :mod:`mmplugin_inline.checkpoint`).
+    """
+
+    def __init__(self, frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
+                 init_cfg=None):
+        super().__init__(init_cfg=init_cfg)
+        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
+
+    def stage_modules(self) -> List[List[nn.Module]]:
+        """[stem modules, stage-1 modules, ...]; parameters count as modules here."""
+        raise NotImplementedError
+
+    def _freeze_stages(self) -> None:
+        groups = self.stage_modules()
+        if self.frozen_stages >= len(groups):
+            raise ValueError(f'{type(self).__name__}: frozen_stages={self.frozen_stages} but '
+                             f'there are only {len(groups) - 1} stages')
+        for group in groups[:self.frozen_stages + 1]:
+            for m in group:
+                if isinstance(m, nn.Parameter):
+                    m.requires_grad = False
+                    continue
+                m.eval()
+                for p in m.parameters():
+                    p.requires_grad = False
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for m in self.modules():
+                if isinstance(m, _BatchNorm):
+                    m.eval()
+        return self
+
+    def init_weights(self) -> None:
+        cfg = self.init_cfg
+        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
+            checkpoint = cfg.get('checkpoint')
+            if not checkpoint:
+                raise ValueError(f"{type(self).__name__}: init_cfg type='Pretrained' needs "
+                                 'checkpoint=PATH')
+            self._init_from_scratch()
+            load_pretrained(self, checkpoint, type(self).__name__,
+                            allow_unsafe=cfg.get('allow_unsafe', False))
+            self._is_init = True
+            return
+        if cfg is None:
+            self._init_from_scratch()
+            self._is_init = True
+            return
+        super().init_weights()
+
+    def _init_from_scratch(self) -> None:
+        """The authors' initialisation: truncated normal linears, unit norms."""
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.LayerNorm):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        for name, p in self.named_parameters():
+            if 'pos_embed' in name or 'cls_token' in name or 'bias_table' in name:
+                nn.init.trunc_normal_(p, std=0.02)

@@ -1,0 +1,131 @@
+"""InLine-CSWin: CSWin Transformer with whole-map InLine blocks and stripe softmax blocks."""
+from typing import Dict, Tuple
+
+import torch
+import torch.nn as nn
+from mmcv.cnn import build_norm_layer
+
+from mmplugin_inline.core import nchw_to_nlc, nlc_to_nchw
+from mmplugin_inline.models.layers import (ConvMerging, CSWinAttention, TransformerBlock,
+                                           parse_block_types, run_blocks, stochastic_depth_rates)
+from mmplugin_inline.registry import MODELS
+
+from .base import InLineBackbone, normalize_out_indices, resolve_arch
+
+
+class ConvStem(nn.Sequential):
+    """``Conv2d(7x7, stride 4, pad 2)`` -> tokens -> norm (the authors' ``stage1_conv_embed``)."""
+
+    def __init__(self, in_channels, dim, norm_cfg):
+        super().__init__(nn.Conv2d(in_channels, dim, 7, 4, 2), nn.Identity(),
+                         build_norm_layer(norm_cfg, dim)[1])
+        self.in_channels = in_channels
+
+    def forward(self, x):
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f'expected an input of shape [B, {self.in_channels}, H, W], got '
+                             f'{tuple(x.shape)}')
+        x = self[0](x)
+        hw = (x.shape[2], x.shape[3])
+        return self[2](nchw_to_nlc(x)), hw
+
+
+@MODELS.register_module()
+class InLineCSWinTransformer(InLineBackbone):
+    """InLine-CSWin backbone (Han et al., NeurIPS 2024) for dense prediction.
+
+    Conv stem (7x7 stride 4), four stages joined by conv merging (3x3 stride 2). InLine
+    blocks ('I') attend over the whole map in one branch; softmax blocks ('S') use
+    CSWin's cross-shaped stripes of width ``split_size[i]`` in two half-channel branches
+    (one whole-map branch in the last stage). Both add LePE (3x3 depthwise conv on V).
+    Stripes are padded to whole widths inside and padded keys are masked.
+
+    Args:
+        arch (str | dict): 't', 's', 'b' or a dict with ``embed_dim``, ``depths``,
+            ``num_heads``.
+        in_channels (int): Default: 3.
+        block_types (str): Default: 'IISS'.
+        kernel (str): InLine feature map. Default: 'identity'.
+        split_size (Sequence[int]): softmax stripe widths. Default: (1, 2, 7, 7).
+        mlp_ratio (float): Default: 4.
+        qkv_bias (bool): Default: True.
+        drop_rate (float): Default: 0.
+        drop_path_rate (float): Default: 0.2.
+        out_indices (Sequence[int]): Default: (0, 1, 2, 3).
+        out_norm (bool): LayerNorm on each output. Default: True.
+        frozen_stages, norm_eval, with_cp, init_cfg: see :class:`InLineBackbone`.
+        norm_cfg (dict): Default: ``dict(type='LN')``.
+
+    Outputs: tuple of NCHW maps with ``embed_dim * 2**i`` channels at stride ``4 * 2**i``.
+    """
+    arch_settings = {
+        't': dict(embed_dim=64, depths=[2, 4, 18, 1], num_heads=[2, 4, 8, 16]),
+        's': dict(embed_dim=64, depths=[3, 6, 29, 2], num_heads=[2, 4, 8, 16]),
+        'b': dict(embed_dim=96, depths=[3, 6, 29, 2], num_heads=[4, 8, 16, 32]),
+    }
+
+    def __init__(self, arch='t', in_channels=3, block_types='IISS', kernel='identity',
+                 split_size=(1, 2, 7, 7), mlp_ratio=4.0, qkv_bias=True, drop_rate=0.0,
+                 drop_path_rate=0.2, out_indices=(0, 1, 2, 3), out_norm=True, frozen_stages=-1,
+                 norm_eval=False, with_cp=False, norm_cfg=dict(type='LN'),
+                 act_cfg=dict(type='GELU'), init_cfg=None):
+        super().__init__(frozen_stages, norm_eval, with_cp, init_cfg)
+        cfg = resolve_arch(arch, self.arch_settings, 'InLineCSWinTransformer',
+                           ('embed_dim', 'depths', 'num_heads'))
+        depths = cfg['depths']
+        self.num_stages = len(depths)
+        dims = [cfg['embed_dim'] * 2 ** i for i in range(self.num_stages)]
+        self.embed_dims = dims
+        self.out_indices = normalize_out_indices(out_indices, self.num_stages,
+                                                 'InLineCSWinTransformer')
+        types = parse_block_types(block_types, depths, 'InLineCSWinTransformer')
+        dpr = stochastic_depth_rates(depths, drop_path_rate)
+        self.stage1_conv_embed = ConvStem(in_channels, dims[0], norm_cfg)
+        for i, depth in enumerate(depths):
+            last = i == self.num_stages - 1
+            self.add_module(f'stage{i + 1}', nn.ModuleList([
+                TransformerBlock(
+                    dims[i],
+                    CSWinAttention(dims[i], cfg['num_heads'][i], t, split_size[i], last_stage=last,
+                                   qkv_bias=qkv_bias, kernel=kernel, proj_drop=drop_rate),
+                    mlp_ratio, dpr[i][j], drop_rate, norm_cfg, act_cfg)
+                for j, t in enumerate(types[i])]))
+            if not last:
+                self.add_module(f'merge{i + 1}', ConvMerging(dims[i], dims[i + 1], norm_cfg))
+        self.out_norm = out_norm
+        if out_norm:
+            for i in self.out_indices:
+                self.add_module(f'norm{i}', build_norm_layer(norm_cfg, dims[i])[1])
+        self._init_from_scratch()
+
+    def stage_modules(self):
+        groups = [[self.stage1_conv_embed]]
+        for i in range(self.num_stages):
+            group = [getattr(self, f'stage{i + 1}')]
+            group.append(self.stage1_conv_embed if i == 0 else getattr(self, f'merge{i}'))
+            if self.out_norm and i in self.out_indices:
+                group.append(getattr(self, f'norm{i}'))
+            groups.append(group)
+        return groups
+
+    def adapt_pretrained(self, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """The released final norm initialises the last output norm."""
+        last = self.num_stages - 1
+        if self.out_norm and last in self.out_indices:
+            for p in ('weight', 'bias'):
+                if f'norm.{p}' in sd:
+                    sd[f'norm{last}.{p}'] = sd.pop(f'norm.{p}')
+        return sd
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """x: [B, C_in, H, W] -> tuple of NCHW maps (see class docstring)."""
+        x, hw = self.stage1_conv_embed(x)
+        outs = []
+        for i in range(max(self.out_indices) + 1):
+            if i > 0:
+                x, hw = getattr(self, f'merge{i}')(x, hw)
+            x = run_blocks(getattr(self, f'stage{i + 1}'), x, hw, self.with_cp)
+            if i in self.out_indices:
+                out = getattr(self, f'norm{i}')(x) if self.out_norm else x
+                outs.append(nlc_to_nchw(out, hw))
+        return tuple(outs)

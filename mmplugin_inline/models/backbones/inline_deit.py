@@ -1,0 +1,113 @@
+"""InLine-DeiT: a plain ViT with InLine attention, outputting maps of chosen blocks."""
+from typing import Dict, Tuple
+
+import torch
+import torch.nn as nn
+from mmcv.cnn import build_norm_layer
+
+from mmplugin_inline.core import nlc_to_nchw
+from mmplugin_inline.models.layers import (GlobalAttention, PatchEmbed, TransformerBlock,
+                                           resize_pos_embed, run_blocks, stochastic_depth_rates)
+from mmplugin_inline.registry import MODELS
+
+from .base import InLineBackbone, normalize_out_indices, resolve_arch
+
+
+@MODELS.register_module()
+class InLineDeiT(InLineBackbone):
+    """InLine-DeiT backbone (Han et al., NeurIPS 2024) for dense prediction.
+
+    16x16 patches, a cls token and a learned position embedding (sized for
+    ``pretrain_img_size``: 224 / 288 / 448 for t / s / b, resized bicubically to the
+    input grid), 12 InLine blocks. The local residual acts on the patch tokens only.
+    Outputs the patch-token maps after the blocks in ``out_indices`` (all stride 16);
+    pair it with mmseg's ``MultiLevelNeck`` or :class:`SimpleFeaturePyramid`.
+
+    Args:
+        arch (str | dict): 't', 's', 'b' or a dict with ``embed_dim``, ``depth``, ``num_heads``.
+        in_channels (int): Default: 3.
+        patch_size (int): Default: 16.
+        pretrain_img_size (int, optional): None takes the arch's training size.
+        kernel (str): InLine feature map. Default: 'identity'.
+        mlp_ratio (float): Default: 4.
+        qkv_bias (bool): Default: True.
+        drop_rate (float): Default: 0.
+        drop_path_rate (float): Default: 0.1.
+        out_indices (Sequence[int]): blocks whose output is returned. Default: (3, 5, 7, 11).
+        final_norm (bool): apply the final LayerNorm to the output of the last block.
+            Default: False.
+        frozen_stages (int): 0 freezes the patch embedding, cls token and position
+            embedding; k also the first k blocks. Default: -1.
+        norm_eval, with_cp, init_cfg: see :class:`InLineBackbone`.
+        norm_cfg (dict): Default: ``dict(type='LN', eps=1e-6)``.
+    """
+    arch_settings = {
+        't': dict(embed_dim=192, depth=12, num_heads=6, pretrain_img_size=224),
+        's': dict(embed_dim=320, depth=12, num_heads=10, pretrain_img_size=288),
+        'b': dict(embed_dim=384, depth=12, num_heads=12, pretrain_img_size=448),
+    }
+
+    def __init__(self, arch='s', in_channels=3, patch_size=16, pretrain_img_size=None,
+                 kernel='identity', mlp_ratio=4.0, qkv_bias=True, drop_rate=0.0,
+                 drop_path_rate=0.1, out_indices=(3, 5, 7, 11), final_norm=False,
+                 frozen_stages=-1, norm_eval=False, with_cp=False,
+                 norm_cfg=dict(type='LN', eps=1e-6), act_cfg=dict(type='GELU'), init_cfg=None):
+        super().__init__(frozen_stages, norm_eval, with_cp, init_cfg)
+        cfg = resolve_arch(arch, self.arch_settings, 'InLineDeiT',
+                           ('embed_dim', 'depth', 'num_heads'))
+        dim, depth = cfg['embed_dim'], cfg['depth']
+        self.embed_dims = dim
+        self.depth = depth
+        size = pretrain_img_size or cfg.get('pretrain_img_size', 224)
+        self.grid = (size // patch_size, size // patch_size)
+        self.out_indices = normalize_out_indices(out_indices, depth, 'InLineDeiT')
+        self.patch_embed = PatchEmbed(in_channels, dim, patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, 1 + self.grid[0] * self.grid[1], dim))
+        self.pos_drop = nn.Dropout(drop_rate)
+        dpr = stochastic_depth_rates([depth], drop_path_rate)[0]
+        self.blocks = nn.ModuleList([
+            TransformerBlock(dim,
+                             GlobalAttention(dim, cfg['num_heads'], 'I', qkv_bias, kernel,
+                                             num_prefix=1, proj_drop=drop_rate),
+                             mlp_ratio, dpr[j], drop_rate, norm_cfg, act_cfg)
+            for j in range(depth)])
+        self.final_norm = final_norm
+        self.norm = build_norm_layer(norm_cfg, dim)[1]
+        self._init_from_scratch()
+
+    def stage_modules(self):
+        stem = [self.patch_embed, self.cls_token, self.pos_embed]
+        return [stem] + [stem + [blk] for blk in self.blocks]
+
+    def adapt_pretrained(self, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Resize a released position embedding trained at another size."""
+        pos = sd.get('pos_embed')
+        if pos is not None and pos.shape != self.pos_embed.shape:
+            side = int(round((pos.shape[1] - 1) ** 0.5))
+            sd['pos_embed'] = resize_pos_embed(pos, (side, side), self.grid, num_prefix=1,
+                                               mode='bicubic')
+        return sd
+
+    def forward_tokens(self, x: torch.Tensor):
+        """Run the model; return ([B, 1 + N, C] after each out block, grid (H', W'), final)."""
+        x, hw = self.patch_embed(x)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = self.pos_drop(x + resize_pos_embed(self.pos_embed, self.grid, hw, num_prefix=1,
+                                               mode='bicubic'))
+        outs = []
+        for j in range(max(self.out_indices) + 1):
+            x = run_blocks(self.blocks[j:j + 1], x, hw, self.with_cp)
+            if j in self.out_indices:
+                outs.append(x)
+        return outs, hw, x
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """x: [B, C_in, H, W] -> tuple of [B, embed_dim, ceil(H/16), ceil(W/16)]."""
+        outs, hw, _ = self.forward_tokens(x)
+        maps = []
+        for j, tokens in zip(self.out_indices, outs):
+            if self.final_norm and j == self.depth - 1:
+                tokens = self.norm(tokens)
+            maps.append(nlc_to_nchw(tokens[:, 1:], hw))
+        return tuple(maps)

@@ -1,0 +1,117 @@
+"""InLine-PVT: the Pyramid Vision Transformer with InLine attention at full resolution."""
+from typing import Dict, Tuple
+
+import torch
+import torch.nn as nn
+
+from mmplugin_inline.core import nlc_to_nchw
+from mmplugin_inline.models.layers import (GlobalAttention, PatchEmbed, TransformerBlock,
+                                           parse_block_types, resize_pos_embed, run_blocks,
+                                           stochastic_depth_rates)
+from mmplugin_inline.registry import MODELS
+
+from .base import InLineBackbone, normalize_out_indices, resolve_arch
+
+_COMMON = dict(embed_dims=[64, 128, 320, 512], num_heads=[2, 4, 10, 16], mlp_ratios=[8, 8, 4, 4],
+               sr_ratios=[8, 4, 2, 1])
+
+
+@MODELS.register_module()
+class InLinePVT(InLineBackbone):
+    """InLine-PVT backbone (Han et al., NeurIPS 2024) for dense prediction.
+
+    Four stages of patch embedding (conv with kernel = stride = 4, then 2; LayerNorm), a
+    learned position embedding per stage (sized for ``pretrain_img_size``, resized
+    bilinearly to the input), and blocks. 'I' blocks are InLine attention with keys
+    and values at full resolution; 'S' blocks are PVT's softmax spatial-reduction
+    attention (sr ratios [8, 4, 2, 1]).
+
+    Args:
+        arch (str | dict): 't', 's', 'm', 'l' or a dict with ``embed_dims``,
+            ``num_heads``, ``mlp_ratios``, ``depths`` (``sr_ratios`` optional).
+        in_channels (int): input channels. Default: 3.
+        block_types (str): one letter per stage, 'I' or 'S' (see
+            :func:`~mmplugin_inline.models.layers.parse_block_types`). Default: 'IIII'.
+        kernel (str): InLine feature map. Default: 'identity'.
+        pretrain_img_size (int): input size the position embeddings are sized for. Default: 224.
+        qkv_bias (bool): Default: True.
+        drop_rate (float): dropout after position embedding and in MLPs. Default: 0.
+        drop_path_rate (float): stochastic depth, linear over blocks. Default: 0.1.
+        out_indices (Sequence[int]): stages to output. Default: (0, 1, 2, 3).
+        frozen_stages (int): see :class:`InLineBackbone`. Default: -1.
+        norm_eval (bool): Default: False.
+        with_cp (bool): gradient checkpointing per block. Default: False.
+        norm_cfg (dict): block norms. Default: ``dict(type='LN', eps=1e-6)``.
+        init_cfg (dict, optional): e.g. ``dict(type='Pretrained', checkpoint=PATH)``.
+
+    Outputs: a tuple of NCHW maps, stage i with ``embed_dims[i]`` channels at stride
+    ``4 * 2**i`` (size ``ceil``-divided; any input size).
+    """
+    arch_settings = {
+        't': dict(_COMMON, depths=[2, 2, 2, 2]),
+        's': dict(_COMMON, depths=[3, 4, 6, 3]),
+        'm': dict(_COMMON, depths=[3, 4, 18, 3]),
+        'l': dict(_COMMON, depths=[3, 8, 27, 3]),
+    }
+
+    def __init__(self, arch='t', in_channels=3, block_types='IIII', kernel='identity',
+                 pretrain_img_size=224, qkv_bias=True, drop_rate=0.0, drop_path_rate=0.1,
+                 out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=False, with_cp=False,
+                 norm_cfg=dict(type='LN', eps=1e-6), act_cfg=dict(type='GELU'), init_cfg=None):
+        super().__init__(frozen_stages, norm_eval, with_cp, init_cfg)
+        cfg = resolve_arch(arch, self.arch_settings, 'InLinePVT',
+                           ('embed_dims', 'num_heads', 'mlp_ratios', 'depths'))
+        dims, depths = cfg['embed_dims'], cfg['depths']
+        sr_ratios = cfg.get('sr_ratios', _COMMON['sr_ratios'])
+        self.num_stages = len(depths)
+        self.embed_dims = dims
+        self.out_indices = normalize_out_indices(out_indices, self.num_stages, 'InLinePVT')
+        types = parse_block_types(block_types, depths, 'InLinePVT')
+        dpr = stochastic_depth_rates(depths, drop_path_rate)
+        self.pos_drop = nn.Dropout(drop_rate)
+        self.grid_sizes = []
+        for i in range(self.num_stages):
+            patch = 4 if i == 0 else 2
+            self.add_module(f'patch_embed{i + 1}', PatchEmbed(
+                in_channels if i == 0 else dims[i - 1], dims[i], patch, norm_cfg=dict(type='LN')))
+            grid = pretrain_img_size // (4 * 2 ** i)
+            self.grid_sizes.append((grid, grid))
+            self.register_parameter(f'pos_embed{i + 1}',
+                                    nn.Parameter(torch.zeros(1, grid * grid, dims[i])))
+            self.add_module(f'block{i + 1}', nn.ModuleList([
+                TransformerBlock(
+                    dims[i],
+                    GlobalAttention(dims[i], cfg['num_heads'][i], attn_type=t, qkv_bias=qkv_bias,
+                                    kernel=kernel, separate_q=True,
+                                    sr_ratio=sr_ratios[i] if t == 'S' else 1,
+                                    proj_drop=drop_rate),
+                    mlp_ratio=cfg['mlp_ratios'][i], drop_path=dpr[i][j], drop=drop_rate,
+                    norm_cfg=norm_cfg, act_cfg=act_cfg) for j, t in enumerate(types[i])]))
+        self._init_from_scratch()
+
+    def stage_modules(self):
+        stages = [[getattr(self, f'patch_embed{i + 1}'), getattr(self, f'pos_embed{i + 1}'),
+                   getattr(self, f'block{i + 1}')] for i in range(self.num_stages)]
+        return [stages[0][:2]] + stages
+
+    def adapt_pretrained(self, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Resize released position embeddings to this model's grids."""
+        for i, grid in enumerate(self.grid_sizes):
+            key = f'pos_embed{i + 1}'
+            if key in sd and sd[key].shape[1] != grid[0] * grid[1]:
+                side = int(round(sd[key].shape[1] ** 0.5))
+                sd[key] = resize_pos_embed(sd[key], (side, side), grid)
+        return sd
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """x: [B, C_in, H, W] -> tuple of [B, embed_dims[i], ~H/4/2**i, ~W/4/2**i]."""
+        outs = []
+        for i in range(max(self.out_indices) + 1):  # later stages would be unused
+            x, hw = getattr(self, f'patch_embed{i + 1}')(x)
+            pos = resize_pos_embed(getattr(self, f'pos_embed{i + 1}'), self.grid_sizes[i], hw)
+            x = run_blocks(getattr(self, f'block{i + 1}'), self.pos_drop(x + pos), hw,
+                           self.with_cp)
+            x = nlc_to_nchw(x, hw)
+            if i in self.out_indices:
+                outs.append(x)
+        return tuple(outs)

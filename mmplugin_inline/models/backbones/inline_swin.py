@@ -1,0 +1,145 @@
+"""InLine-Swin: Swin Transformer whose InLine blocks attend over the whole map."""
+from typing import Dict, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from mmcv.cnn import build_norm_layer
+
+from mmplugin_inline.core import nlc_to_nchw
+from mmplugin_inline.models.layers import (GlobalAttention, PatchEmbed, PatchMerging,
+                                           TransformerBlock, WindowAttention, parse_block_types,
+                                           run_blocks, stochastic_depth_rates)
+from mmplugin_inline.registry import MODELS
+
+from .base import InLineBackbone, normalize_out_indices, resolve_arch
+
+
+def inline_mixer(dim, num_heads, qkv_bias, kernel, inline_window, proj_drop):
+    """InLine attention over the whole map, or in windows of ``inline_window`` (ablation)."""
+    if inline_window:
+        return WindowAttention(dim, num_heads, 'I', qkv_bias, kernel, window_size=inline_window,
+                               proj_drop=proj_drop)
+    return GlobalAttention(dim, num_heads, 'I', qkv_bias, kernel, proj_drop=proj_drop)
+
+
+@MODELS.register_module()
+class InLineSwinTransformer(InLineBackbone):
+    """InLine-Swin backbone (Han et al., NeurIPS 2024) for dense prediction.
+
+    Patch embedding (4x4, LayerNorm), four stages joined by patch merging. InLine
+    blocks ('I') were trained with a 56 window at 224 input, i.e. global attention
+    without shift; here they attend over the whole map at every resolution (linear
+    cost), or in windows of ``inline_window`` for ablations. Softmax blocks ('S') are
+    Swin's W-MSA / SW-MSA: window 7, relative position bias, shift 3 on odd blocks.
+
+    Args:
+        arch (str | dict): 't', 's', 'b' or a dict with ``embed_dim``, ``depths``,
+            ``num_heads`` (``block_types`` optional).
+        in_channels (int): Default: 3.
+        block_types (str, optional): per stage 'I' / 'S' / 'M' + count; None takes the
+            arch's ('IIIS', 'IISS', 'IIMS2' for t, s, b).
+        kernel (str): InLine feature map. Default: 'identity'.
+        window_size (int): softmax window. Default: 7.
+        inline_window (int, optional): run InLine blocks in windows of this size.
+        mlp_ratio (float): Default: 4.
+        qkv_bias (bool): Default: True.
+        drop_rate (float): Default: 0.
+        drop_path_rate (float): Default: 0.2.
+        out_indices (Sequence[int]): Default: (0, 1, 2, 3).
+        out_norm (bool): LayerNorm on each output (the final norm of a released
+            checkpoint initialises the last). Default: True.
+        frozen_stages, norm_eval, with_cp, init_cfg: see :class:`InLineBackbone`.
+        norm_cfg (dict): Default: ``dict(type='LN')``.
+
+    Outputs: tuple of NCHW maps with ``embed_dim * 2**i`` channels at stride ``4 * 2**i``.
+    """
+    arch_settings = {
+        't': dict(embed_dim=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24], block_types='IIIS'),
+        's': dict(embed_dim=96, depths=[2, 2, 18, 2], num_heads=[3, 6, 12, 24],
+                  block_types='IISS'),
+        'b': dict(embed_dim=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32],
+                  block_types='IIMS2'),
+    }
+
+    def __init__(self, arch='t', in_channels=3, block_types=None, kernel='identity', window_size=7,
+                 inline_window=None, mlp_ratio=4.0, qkv_bias=True, drop_rate=0.0,
+                 drop_path_rate=0.2, out_indices=(0, 1, 2, 3), out_norm=True, frozen_stages=-1,
+                 norm_eval=False, with_cp=False, norm_cfg=dict(type='LN'),
+                 act_cfg=dict(type='GELU'), init_cfg=None):
+        super().__init__(frozen_stages, norm_eval, with_cp, init_cfg)
+        cfg = resolve_arch(arch, self.arch_settings, 'InLineSwinTransformer',
+                           ('embed_dim', 'depths', 'num_heads'))
+        depths = cfg['depths']
+        self.num_stages = len(depths)
+        self.window_size = window_size
+        dims = [cfg['embed_dim'] * 2 ** i for i in range(self.num_stages)]
+        self.embed_dims = dims
+        self.out_indices = normalize_out_indices(out_indices, self.num_stages,
+                                                 'InLineSwinTransformer')
+        types = parse_block_types(block_types or cfg.get('block_types', 'I' * self.num_stages),
+                                  depths, 'InLineSwinTransformer')
+        dpr = stochastic_depth_rates(depths, drop_path_rate)
+        self.patch_embed = PatchEmbed(in_channels, dims[0], 4, norm_cfg=norm_cfg)
+        self.pos_drop = nn.Dropout(drop_rate)
+        self.layers = nn.ModuleList()
+        for i, depth in enumerate(depths):
+            stage = nn.Module()
+            blocks = []
+            for j, t in enumerate(types[i]):
+                if t == 'I':
+                    attn = inline_mixer(dims[i], cfg['num_heads'][i], qkv_bias, kernel,
+                                        inline_window, drop_rate)
+                else:
+                    attn = WindowAttention(dims[i], cfg['num_heads'][i], 'S', qkv_bias,
+                                           window_size=window_size, shift=j % 2 == 1,
+                                           proj_drop=drop_rate)
+                blocks.append(TransformerBlock(dims[i], attn, mlp_ratio, dpr[i][j], drop_rate,
+                                               norm_cfg, act_cfg))
+            stage.blocks = nn.ModuleList(blocks)
+            if i < self.num_stages - 1:
+                stage.downsample = PatchMerging(dims[i], norm_cfg)
+            self.layers.append(stage)
+        self.out_norm = out_norm
+        if out_norm:
+            for i in self.out_indices:
+                self.add_module(f'norm{i}', build_norm_layer(norm_cfg, dims[i])[1])
+        self._init_from_scratch()
+
+    def stage_modules(self):
+        return [[self.patch_embed]] + [
+            [self.patch_embed, layer] + ([getattr(self, f'norm{i}')] if self.out_norm and
+                                         i in self.out_indices else [])
+            for i, layer in enumerate(self.layers)]
+
+    def adapt_pretrained(self, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """Final norm -> last output norm; relative position tables resized if needed."""
+        last = self.num_stages - 1
+        if self.out_norm and last in self.out_indices:
+            for p in ('weight', 'bias'):
+                if f'norm.{p}' in sd:
+                    sd[f'norm{last}.{p}'] = sd.pop(f'norm.{p}')
+        own = self.state_dict()
+        for key, value in list(sd.items()):
+            if key.endswith('relative_position_bias_table') and key in own \
+                    and own[key].shape != value.shape:
+                src, dst = int(round(value.shape[0] ** 0.5)), int(round(own[key].shape[0] ** 0.5))
+                table = value.t().reshape(1, -1, src, src)
+                table = F.interpolate(table, size=(dst, dst), mode='bicubic', align_corners=False)
+                sd[key] = table.reshape(-1, dst * dst).t()
+        return sd
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """x: [B, C_in, H, W] -> tuple of NCHW maps (see class docstring)."""
+        x, hw = self.patch_embed(x)
+        x = self.pos_drop(x)
+        outs = []
+        for i in range(max(self.out_indices) + 1):
+            layer = self.layers[i]
+            x = run_blocks(layer.blocks, x, hw, self.with_cp)
+            if i in self.out_indices:
+                out = getattr(self, f'norm{i}')(x) if self.out_norm else x
+                outs.append(nlc_to_nchw(out, hw))
+            if i < self.num_stages - 1:
+                x, hw = layer.downsample(x, hw)
+        return tuple(outs)

@@ -1,0 +1,63 @@
+"""The registry glue: plugin models resolve under mmdet's and mmseg's default scopes."""
+import pytest
+import torch.nn as nn
+from mmengine.registry import DefaultScope
+
+import mmplugin_inline  # noqa: F401  (what custom_imports does)
+from mmplugin_inline.registry import MODELS, register_into_codebases
+
+NAMES = ['InLinePVT', 'InLineSwinTransformer', 'InLineCSWinTransformer', 'InLineDeiT']
+
+
+@MODELS.register_module()
+class _RegistryProbe(nn.Module):
+    """A placeholder module registered through the glue."""
+
+    def __init__(self, width=3):
+        super().__init__()
+        self.width = width
+
+
+def _codebase_models(scope):
+    if scope == 'mmdet':
+        from mmdet.registry import MODELS as target
+    else:
+        from mmseg.registry import MODELS as target
+    return target
+
+
+@pytest.mark.parametrize('scope', ['mmdet', 'mmseg'])
+def test_placeholder_is_found_bare_and_scoped_under_each_default_scope(scope):
+    register_into_codebases()
+    target = _codebase_models(scope)
+    with DefaultScope.overwrite_default_scope(scope):
+        bare = target.build(dict(type='_RegistryProbe', width=5))
+        scoped = target.build(dict(type='mmplugin_inline._RegistryProbe', width=7))
+    assert isinstance(bare, _RegistryProbe) and bare.width == 5
+    assert isinstance(scoped, _RegistryProbe) and scoped.width == 7
+
+
+@pytest.mark.parametrize('scope', ['mmdet', 'mmseg'])
+@pytest.mark.parametrize('name', NAMES)
+def test_backbones_are_registered_in_each_codebase(scope, name):
+    target = _codebase_models(scope)
+    assert target.get(name) is MODELS.get(name)
+    assert target.get(f'mmplugin_inline.{name}') is MODELS.get(name)
+
+
+def test_registering_twice_is_harmless_and_conflicts_are_named():
+    register_into_codebases()
+    register_into_codebases()
+    from mmdet.registry import MODELS as det_models
+
+    class Other(nn.Module):
+        pass
+
+    det_models.register_module(name='_ConflictProbe', module=Other)
+    MODELS.register_module(name='_ConflictProbe', module=_RegistryProbe)
+    try:
+        with pytest.raises(KeyError, match='already has a different'):
+            register_into_codebases()
+    finally:
+        det_models.module_dict.pop('_ConflictProbe')
+        MODELS.module_dict.pop('_ConflictProbe')

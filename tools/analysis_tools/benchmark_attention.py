@@ -1,0 +1,202 @@
+"""Benchmark InLine attention against the authors' formulation, linear and softmax attention.
+
+For each token count N (a H x W map), head width d and head count, measures forward and
+forward+backward time (median of interleaved repeats: the implementations alternate
+inside one run so that a noisy machine affects them alike) and peak extra memory
+(allocator peak over the inputs, from torch's profiler on CPU or the CUDA allocator).
+Writes a JSON file and a log-log PNG plot, and prints a table of ratios to our kernel.
+
+    python tools/analysis_tools/benchmark_attention.py --out-dir work_dirs/bench_attn
+    python tools/analysis_tools/benchmark_attention.py --quick   # a small smoke run
+"""
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+from mmplugin_inline.core import (inline_attention, inline_attention_authors, linear_attention,
+                                  softmax_attention, softmax_attention_reference)
+
+IMPLS = {
+    'inline (ours)': inline_attention,
+    'inline (authors)': inline_attention_authors,
+    'linear': linear_attention,
+    'softmax (SDPA)': softmax_attention,
+    'softmax (naive)': softmax_attention_reference,
+}
+DEFAULT_MAPS = ['56x56', '64x64', '96x96', '128x128', '200x336', '256x256']
+
+
+def parse_map(text):
+    h, w = text.lower().split('x')
+    return int(h), int(w)
+
+
+def fits(name, n, heads, batch, limit_gb):
+    """Whether an implementation's N x N intermediates fit in ``limit_gb``."""
+    if name == 'softmax (naive)':
+        return 3 * batch * heads * n * n * 4 / 2 ** 30 <= limit_gb  # scores, softmax, grad
+    if name == 'softmax (SDPA)':
+        return 2 * batch * heads * n * n * 4 / 2 ** 30 <= limit_gb  # the CPU math path
+    return True
+
+
+def make_inputs(batch, heads, n, d, device, backward, seed=0):
+    g = torch.Generator(device='cpu').manual_seed(seed)
+    return [torch.randn(batch, heads, n, d, generator=g).to(device).requires_grad_(backward)
+            for _ in range(3)]
+
+
+def run_once(fn, inputs, backward):
+    out = fn(*inputs)
+    if backward:
+        out.backward(torch.ones_like(out))
+        for t in inputs:
+            t.grad = None
+    return out
+
+
+def sync(device):
+    if device.type == 'cuda':
+        torch.cuda.synchronize()
+
+
+def peak_memory(fn, inputs, backward, device):
+    """Peak bytes allocated during one call beyond what was allocated before it."""
+    if device.type == 'cuda':
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        run_once(fn, inputs, backward)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run_once(fn, inputs, backward)
+    events = sorted((e for e in prof.events() if e.name == '[memory]'),
+                    key=lambda e: e.time_range.start)
+    current = peak = 0
+    for e in events:
+        current += e.cpu_memory_usage
+        peak = max(peak, current)
+    return peak
+
+
+def bench_case(impls, batch, heads, hw, d, device, repeats, backward):
+    n = hw[0] * hw[1]
+    inputs = make_inputs(batch, heads, n, d, device, backward)
+    times = {name: [] for name in impls}
+    for name, fn in impls.items():  # warm-up
+        run_once(fn, inputs, backward)
+    for _ in range(repeats):
+        for name, fn in impls.items():  # interleaved
+            sync(device)
+            start = time.perf_counter()
+            run_once(fn, inputs, backward)
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    result = {}
+    for name, fn in impls.items():
+        result[name] = dict(time_ms=1e3 * statistics.median(times[name]),
+                            peak_mb=peak_memory(fn, inputs, backward, device) / 2 ** 20)
+    return result
+
+
+def plot(results, path):
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    panels = [('forward', 'time_ms', 'forward time (ms)'),
+              ('forward+backward', 'time_ms', 'forward+backward time (ms)'),
+              ('forward+backward', 'peak_mb', 'peak extra memory, fwd+bwd (MiB)')]
+    first = results[0]['d'], results[0]['heads']
+    rows = [r for r in results if (r['d'], r['heads']) == first]
+    for ax, (mode, key, title) in zip(axes, panels):
+        for name in IMPLS:
+            pts = [(r['n'], r[mode][name][key]) for r in rows if name in r[mode]]
+            if pts:
+                ax.plot(*zip(*pts), marker='o', label=name)
+        ax.set_xscale('log')
+        ax.set_yscale('log')
+        ax.set_xlabel('tokens N')
+        ax.set_title(f'{title}\n(d={first[0]}, heads={first[1]}, batch 1)')
+        ax.grid(True, which='both', alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def ratio_table(results):
+    lines = ['| map | N | d | heads | ours fwd ms | authors/ours fwd | authors/ours fwd+bwd | '
+             'ours peak MiB | authors peak MiB | linear/ours fwd | SDPA/ours fwd |',
+             '|---|---|---|---|---|---|---|---|---|---|---|']
+    for r in results:
+        f, fb = r['forward'], r['forward+backward']
+        ours_f, ours_fb = f['inline (ours)']['time_ms'], fb['inline (ours)']['time_ms']
+
+        def ratio(mode, name):
+            return f"{mode[name]['time_ms'] / (ours_f if mode is f else ours_fb):.2f}" \
+                if name in mode else 'n/a'
+        lines.append(
+            f"| {r['map']} | {r['n']} | {r['d']} | {r['heads']} | {ours_f:.1f} | "
+            f"{ratio(f, 'inline (authors)')} | {ratio(fb, 'inline (authors)')} | "
+            f"{fb['inline (ours)']['peak_mb']:.1f} | {fb['inline (authors)']['peak_mb']:.1f} | "
+            f"{ratio(f, 'linear')} | {ratio(f, 'softmax (SDPA)')} |")
+    return '\n'.join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--maps', nargs='+', default=DEFAULT_MAPS, help='H x W token maps')
+    parser.add_argument('--dims', type=int, nargs='+', default=[32, 64])
+    parser.add_argument('--heads', type=int, nargs='+', default=[2])
+    parser.add_argument('--batch', type=int, default=1)
+    parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--softmax-limit-gb', type=float, default=4.0,
+                        help='skip softmax where its N x N tensors exceed this')
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--out-dir', default='work_dirs/benchmark_attention')
+    parser.add_argument('--quick', action='store_true', help='tiny sizes, one repeat')
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.maps, args.dims, args.heads, args.repeats = ['16x16', '24x40'], [8], [2], 1
+    device = torch.device(args.device)
+    os.makedirs(args.out_dir, exist_ok=True)
+    results = []
+    for d in args.dims:
+        for heads in args.heads:
+            for m in args.maps:
+                hw = parse_map(m)
+                n = hw[0] * hw[1]
+                impls = {k: v for k, v in IMPLS.items()
+                         if fits(k, n, heads, args.batch, args.softmax_limit_gb)}
+                row = dict(map=m, n=n, d=d, heads=heads, batch=args.batch)
+                for mode, backward in (('forward', False), ('forward+backward', True)):
+                    grad = torch.enable_grad() if backward else torch.no_grad()
+                    with grad:
+                        row[mode] = bench_case(impls, args.batch, heads, hw, d, device,
+                                               args.repeats, backward)
+                results.append(row)
+                print(f"{m:>8} d={d} heads={heads}: " + ', '.join(
+                    f"{k} {v['time_ms']:.1f}ms" for k, v in row['forward+backward'].items()),
+                    flush=True)
+    meta = dict(device=str(device), torch=torch.__version__, threads=torch.get_num_threads())
+    with open(os.path.join(args.out_dir, 'benchmark_attention.json'), 'w') as f:
+        json.dump(dict(meta=meta, results=results), f, indent=1)
+    plot(results, os.path.join(args.out_dir, 'benchmark_attention.png'))
+    table = ratio_table(results)
+    with open(os.path.join(args.out_dir, 'benchmark_attention.md'), 'w') as f:
+        f.write(table + '\n')
+    print(table)
+    print(f"written: {args.out_dir}/benchmark_attention.{{json,png,md}}")
+    return results
+
+
+if __name__ == '__main__':
+    main()
