@@ -1,6 +1,7 @@
 """Models of mmplugin_inline: importing this registers them in the plugin's registry."""
 from .backbones import (InLineBackbone, InLineCSWinTransformer, InLineDeiT, InLinePVT,
                         InLineSwinTransformer)
+from .necks import SimpleFeaturePyramid
 
 __all__ = ['InLineBackbone', 'InLinePVT', 'InLineSwinTransformer', 'InLineCSWinTransformer',
-           'InLineDeiT']
+           'InLineDeiT', 'SimpleFeaturePyramid']
