@@ -3,9 +3,10 @@ from typing import Dict, Tuple
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
 
-from mmplugin_inline.core import nchw_to_nlc, nlc_to_nchw
+from mmplugin_inline.core import nchw_to_nlc, nlc_to_nchw, pad_amount
 from mmplugin_inline.models.layers import (ConvMerging, CSWinAttention, TransformerBlock,
                                            parse_block_types, run_blocks, stochastic_depth_rates)
 from mmplugin_inline.registry import MODELS
@@ -14,7 +15,12 @@ from .base import InLineBackbone, normalize_out_indices, resolve_arch
 
 
 class ConvStem(nn.Sequential):
-    """``Conv2d(7x7, stride 4, pad 2)`` -> tokens -> norm (the authors' ``stage1_conv_embed``)."""
+    """``Conv2d(7x7, stride 4, pad 2)`` -> tokens -> norm (the authors' ``stage1_conv_embed``).
+
+    The input is first zero-padded to a multiple of 4 at the bottom / right, so the
+    output is ``ceil(H / 4) x ceil(W / 4)`` like the other families (no-op at sizes
+    divisible by 4, where it matches the authors' stem exactly).
+    """
 
     def __init__(self, in_channels, dim, norm_cfg):
         super().__init__(nn.Conv2d(in_channels, dim, 7, 4, 2), nn.Identity(),
@@ -25,7 +31,7 @@ class ConvStem(nn.Sequential):
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(f'expected an input of shape [B, {self.in_channels}, H, W], got '
                              f'{tuple(x.shape)}')
-        x = self[0](x)
+        x = self[0](F.pad(x, (0, pad_amount(x.shape[3], 4), 0, pad_amount(x.shape[2], 4))))
         hw = (x.shape[2], x.shape[3])
         return self[2](nchw_to_nlc(x)), hw
 

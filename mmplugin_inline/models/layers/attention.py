@@ -156,7 +156,10 @@ class GlobalAttention(HeadMixer):
         """x: [B, num_prefix + H*W, C] (normed tokens), hw = (H, W) -> [B, N, C]."""
         kv_source = x
         if self.sr_ratio > 1:
-            reduced = self.sr(nlc_to_nchw(x, hw))
+            # pad to whole reduction cells so maps of any size (even smaller) reduce
+            x_map, _ = pad_to_multiple(nlc_to_nchw(x, hw), (self.sr_ratio,) * 2,
+                                       channels_last=False)
+            reduced = self.sr(x_map)
             kv_source = self.norm(nchw_to_nlc(reduced))
         q, k, v = self.project(x, kv_source)
         out = self.attend(q, k, v, hw, mean_token=x.mean(dim=1) if self.attn_type == 'I' else None,

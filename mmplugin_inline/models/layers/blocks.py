@@ -63,7 +63,8 @@ def run_blocks(blocks, x: torch.Tensor, hw: Tuple[int, int], with_cp: bool = Fal
 
 def stochastic_depth_rates(depths, drop_path_rate: float):
     """Linearly increasing drop-path rates over all blocks, split per stage."""
-    rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+    total = sum(depths)
+    rates = [drop_path_rate * i / max(total - 1, 1) for i in range(total)]  # = torch.linspace
     out, start = [], 0
     for d in depths:
         out.append(rates[start:start + d])

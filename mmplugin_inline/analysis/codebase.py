@@ -1,0 +1,117 @@
+"""Load any mmdet / mmseg config, build its model and a dummy batch for it.
+
+Shared by ``tools/analysis_tools/get_flops.py``, ``benchmark.py`` and
+``demo/image_demo.py``: which codebase a config belongs to is read from its
+``default_scope`` ('mmdet' or 'mmseg'); the model is built through that codebase's
+registry with random weights (``init_weights`` is not called, so no checkpoint is
+read); the dummy batch goes through the model's own data preprocessor, so the
+network sees what it would see at inference (normalised, padded to the size divisor).
+"""
+import copy
+import importlib
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+from mmengine.config import Config
+
+CODEBASES = ('mmdet', 'mmseg')
+
+
+def load_config(config: Union[str, Config, dict], cfg_options: Optional[dict] = None) -> Config:
+    """A :class:`Config` from a path, a Config or a dict; ``cfg_options`` merged in.
+
+    ``custom_imports`` are imported also for configs that did not come from a file
+    (``Config.fromfile`` does it for files), so the plugin's models are registered.
+    """
+    if isinstance(config, Config):
+        cfg = copy.deepcopy(config)  # merging options must not change the caller's
+    elif isinstance(config, dict):
+        cfg = Config(config)
+    else:
+        cfg = Config.fromfile(config)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    imports = cfg.get('custom_imports')
+    if imports:
+        from mmengine.utils import import_modules_from_strings
+        import_modules_from_strings(**imports)
+    return cfg
+
+
+def codebase_of(cfg: Config) -> str:
+    """'mmdet' or 'mmseg', from ``default_scope`` (else from where the model type is registered)."""
+    scope = cfg.get('default_scope')
+    if scope in CODEBASES:
+        return scope
+    model_type = cfg.get('model', {}).get('type')
+    found = []
+    for name in CODEBASES:
+        registry = importlib.import_module(f'{name}.registry').MODELS
+        if isinstance(model_type, str) and registry.get(model_type) is not None:
+            found.append(name)
+    if len(found) == 1:
+        return found[0]
+    raise ValueError(f'cannot tell whether the config is for mmdet or mmseg: default_scope is '
+                     f'{scope!r} and the model type {model_type!r} is found in {found or "neither"}; '
+                     "set default_scope = 'mmdet' or 'mmseg' in the config")
+
+
+def build_model(cfg: Config, device: str = 'cpu', drop_auxiliary_head: bool = True) -> nn.Module:
+    """The config's model in eval mode on ``device``, randomly initialised.
+
+    SyncBN is reverted to BN (one process). mmseg's ``auxiliary_head`` is a training-only
+    head; with ``drop_auxiliary_head`` it is removed (as mmseg's own get_flops does), so
+    parameter counts describe the inference network.
+    """
+    from mmengine.model import revert_sync_batchnorm
+    from mmengine.registry import init_default_scope
+    codebase = codebase_of(cfg)
+    init_default_scope(codebase)
+    registry = importlib.import_module(f'{codebase}.registry').MODELS
+    model = registry.build(cfg.model)
+    if drop_auxiliary_head and getattr(model, 'auxiliary_head', None) is not None:
+        model.auxiliary_head = None
+    model = revert_sync_batchnorm(model)
+    return model.to(device).eval()
+
+
+def parse_shape(shape: Sequence[int]) -> Tuple[int, int]:
+    """``[S]`` -> (S, S); ``[H, W]`` -> (H, W)."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) == 1:
+        shape = shape * 2
+    if len(shape) != 2 or min(shape) < 1:
+        raise ValueError(f'--shape takes H W (or one size S for S x S), got {shape}')
+    return shape
+
+
+def dummy_data_batch(codebase: str, shape: Tuple[int, int], batch_size: int = 1,
+                     seed: int = 0) -> dict:
+    """What a test dataloader yields for ``batch_size`` random H x W uint8 images.
+
+    Images are taken as already resized (scale factor 1), so ``shape`` is the network
+    input before the data preprocessor pads it.
+    """
+    h, w = shape
+    gen = torch.Generator().manual_seed(seed)
+    meta = dict(img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w), scale_factor=(1.0, 1.0),
+                flip=False, flip_direction=None)
+    if codebase == 'mmdet':
+        from mmdet.structures import DetDataSample as Sample
+    elif codebase == 'mmseg':
+        from mmseg.structures import SegDataSample as Sample
+    else:
+        raise ValueError(f'unknown codebase {codebase!r}; expected one of {CODEBASES}')
+    return dict(
+        inputs=[torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=gen)
+                for _ in range(batch_size)],
+        data_samples=[Sample(metainfo=dict(meta, img_id=i, img_path=f'dummy_{i}.jpg'))
+                      for i in range(batch_size)])
+
+
+def preprocess_dummy(model: nn.Module, codebase: str, shape: Tuple[int, int],
+                     batch_size: int = 1) -> dict:
+    """:func:`dummy_data_batch` through ``model.data_preprocessor`` (test mode)."""
+    with torch.no_grad():
+        return model.data_preprocessor(dummy_data_batch(codebase, shape, batch_size), False)

@@ -1,0 +1,141 @@
+"""Parameter and FLOP counts with mmengine's jit analysis, extended for attention.
+
+mmengine's :class:`~mmengine.analysis.FlopAnalyzer` traces the model and counts the
+ops it has handlers for. Two ops that attention layers use have none:
+
+- ``aten::scaled_dot_product_attention`` (softmax blocks): two matmuls,
+  ``Q K^T`` and ``P V``, i.e. ``L * S * (d + dv)`` per head for L queries and S keys;
+- ``aten::baddbmm`` (the InLine kernel's ``mean(V) + Q @ M``): ``G * N * d * dv``.
+
+Everything else the InLine kernel and its local residual use is already counted
+correctly: the 4-D ``matmul`` of ``phi(K)^T V`` (``aten::matmul``), the grouped 1x1
+``Conv1d`` of the kernel predictor and the per-sample depthwise ``conv2d`` with
+``groups = B * C`` (both ``aten::_convolution``: weight ``[out, in / groups, k]`` makes
+the count ``out * in / groups * k * outputs``).
+
+Convention (mmengine's and fvcore's, and the one of the InLine / Swin / PVT papers'
+tables): one fused multiply-add counts as one FLOP, so the figures are multiply-
+accumulates (MACs). Element-wise ops (additions, scaling, activations, softmax
+exponentials) are not counted; they are listed in :data:`UNCOUNTED_ELEMENTWISE_OPS`
+and reported separately from ops that are truly unknown.
+"""
+from math import prod
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn as nn
+from mmengine.analysis import FlopAnalyzer, parameter_count
+from mmengine.analysis.jit_handles import get_shape
+
+#: ``aten`` ops the SDPA handler serves; the private variants are what some
+#: backends record, with q, k, v as their first three inputs as well.
+SDPA_OPS = ('aten::scaled_dot_product_attention', 'aten::_scaled_dot_product_attention_math',
+            'aten::_scaled_dot_product_flash_attention',
+            'aten::_scaled_dot_product_flash_attention_for_cpu',
+            'aten::_scaled_dot_product_efficient_attention',
+            'aten::_scaled_dot_product_cudnn_attention')
+
+#: Element-wise / reduction ops deliberately left out of the count (MAC convention).
+UNCOUNTED_ELEMENTWISE_OPS = frozenset({
+    'aten::add', 'aten::add_', 'aten::sub', 'aten::sub_', 'aten::mul', 'aten::mul_',
+    'aten::div', 'aten::div_', 'aten::rsub', 'aten::neg', 'aten::pow', 'aten::sqrt',
+    'aten::rsqrt', 'aten::exp', 'aten::log', 'aten::sigmoid', 'aten::sigmoid_', 'aten::tanh',
+    'aten::gelu', 'aten::silu', 'aten::silu_', 'aten::leaky_relu', 'aten::leaky_relu_',
+    'aten::hardswish', 'aten::softmax', 'aten::log_softmax', 'aten::mean', 'aten::sum',
+    'aten::max_pool2d', 'aten::avg_pool2d', 'aten::abs', 'aten::where', 'aten::lt', 'aten::le',
+    'aten::ne', 'aten::argmax', 'aten::topk', 'aten::sort', 'aten::min', 'aten::minimum',
+    'aten::maximum', 'aten::clone', 'aten::fill_', 'aten::linspace', 'aten::meshgrid',
+    'aten::repeat', 'aten::expand_as', 'aten::new_ones', 'aten::ones_like', 'aten::zero_',
+    'aten::log2', 'aten::sign', 'aten::round', 'aten::any', 'aten::all', 'aten::masked_select',
+    'aten::index_select', 'aten::repeat_interleave', 'aten::view_as', 'aten::logical_and',
+    'aten::logical_or', 'aten::reciprocal', 'aten::exp_', 'aten::erf', 'aten::pad',
+})
+
+
+def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
+    """MACs of softmax attention: ``Q K^T`` then ``softmax(.) V``.
+
+    q ``[..., L, d]``, k ``[..., S, d]``, v ``[..., S, dv]`` -> ``prod(...) * L * S * (d + dv)``.
+    The softmax, scaling and mask addition are element-wise (not counted); a causal
+    mask is counted as the full matrix (an upper bound).
+    """
+    q, k, v = (get_shape(x) for x in inputs[:3])
+    batch = prod(q[:-2])
+    return batch * q[-2] * k[-2] * (q[-1] + v[-1])
+
+
+def baddbmm_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
+    """MACs of ``baddbmm(input, b1 [G, n, m], b2 [G, m, p])``: ``G * n * m * p``.
+
+    As mmengine's ``addmm`` handler, the added ``input`` (a bias) is not counted.
+    """
+    b1, b2 = get_shape(inputs[1]), get_shape(inputs[2])
+    return b1[0] * b1[1] * b1[2] * b2[2]
+
+
+#: The handlers added to mmengine's defaults.
+EXTRA_FLOP_HANDLES = {
+    **{op: sdpa_flop_jit for op in SDPA_OPS},
+    'aten::baddbmm': baddbmm_flop_jit,
+}
+
+
+def flop_analyzer(model: nn.Module, inputs: Union[torch.Tensor, Tuple[Any, ...]],
+                  warn_uncalled: bool = False) -> FlopAnalyzer:
+    """A :class:`FlopAnalyzer` with :data:`EXTRA_FLOP_HANDLES` added.
+
+    Element-wise ops are not reported as unsupported (they are uncounted by design);
+    any other op without a handler is still warned about and listed by
+    ``unsupported_ops()``.
+    """
+    analyzer = FlopAnalyzer(model, inputs)
+    analyzer.set_op_handle(**EXTRA_FLOP_HANDLES)
+    analyzer.unsupported_ops_warnings(False)
+    analyzer.uncalled_modules_warnings(warn_uncalled)
+    return analyzer
+
+
+def unknown_ops(analyzer: FlopAnalyzer, module_name: str = '') -> Dict[str, int]:
+    """Ops of ``module_name`` that were neither counted nor are element-wise."""
+    return {op: n for op, n in analyzer.unsupported_ops(module_name).items()
+            if op not in UNCOUNTED_ELEMENTWISE_OPS}
+
+
+def count_module(model: nn.Module, inputs: Union[torch.Tensor, Tuple[Any, ...]],
+                 submodules: Sequence[str] = ()) -> Dict[str, Any]:
+    """Trace ``model(*inputs)`` once; FLOPs (MACs) and params of it and ``submodules``.
+
+    Returns:
+        dict: ``flops`` / ``params`` (whole), ``sub`` = {name: (flops, params)} for
+        each name in ``submodules`` that exists, ``unknown_ops`` (see
+        :func:`unknown_ops`), ``uncounted_ops`` (element-wise, by design) and the
+        ``analyzer`` for further breakdowns.
+    """
+    if not isinstance(inputs, tuple):
+        inputs = (inputs, )
+    with torch.no_grad():
+        analyzer = flop_analyzer(model, inputs)
+        flops = analyzer.total()
+    params = parameter_count(model)
+    unsupported = analyzer.unsupported_ops()
+    names = dict(model.named_modules())
+    return dict(
+        flops=flops,
+        params=params[''],
+        sub={name: (analyzer.total(name), params.get(name, 0)) for name in submodules
+             if name in names},
+        unknown_ops=unknown_ops(analyzer),
+        uncounted_ops={op: n for op, n in unsupported.items()
+                       if op in UNCOUNTED_ELEMENTWISE_OPS},
+        analyzer=analyzer)
+
+
+def module_table(analyzer: FlopAnalyzer, max_depth: int = 3) -> str:
+    """mmengine's per-module table of parameters and FLOPs (MACs) up to ``max_depth``."""
+    from mmengine.analysis import complexity_stats_table
+    return complexity_stats_table(flops=analyzer, max_depth=max_depth, show_param_shapes=False)
+
+
+def format_count(n: Optional[float], unit: float = 1e9) -> str:
+    """``n / unit`` with two decimals (``-`` for None)."""
+    return '-' if n is None else f'{n / unit:.2f}'

@@ -1,0 +1,192 @@
+"""The backbone contract: shapes at any size, freezing, checkpointing, gradients, errors,
+and the released checkpoints' key sets."""
+import os
+import re
+
+import pytest
+import torch
+
+from mmplugin_inline.checkpoint import convert_checkpoint
+from mmplugin_inline.registry import MODELS
+
+DATA = os.path.join(os.path.dirname(__file__), 'data', 'reference', 'state_dict_keys')
+
+SMALL = {
+    'InLinePVT': dict(arch=dict(embed_dims=[8, 16, 24, 32], num_heads=[1, 2, 2, 4],
+                                mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 2, 1]),
+                      block_types='IISI'),
+    'InLineSwinTransformer': dict(arch=dict(embed_dim=8, depths=[1, 1, 3, 2],
+                                            num_heads=[1, 2, 2, 4]), block_types='IIMS1'),
+    'InLineCSWinTransformer': dict(arch=dict(embed_dim=8, depths=[1, 1, 2, 1],
+                                             num_heads=[2, 2, 4, 4]), block_types='IISS'),
+    'InLineDeiT': dict(arch=dict(embed_dim=16, depth=4, num_heads=2), out_indices=(1, 3)),
+}
+STRIDES = {'InLineDeiT': [16, 16]}
+SIZES = [(224, 224), (112, 137), (511, 511)]
+
+
+def build(name, **kw):
+    cfg = dict(type=name, drop_path_rate=0.0)
+    cfg.update(SMALL[name])
+    cfg.update(kw)
+    return MODELS.build(cfg)
+
+
+def channels(model):
+    dims = model.embed_dims
+    return [dims] * len(model.out_indices) if isinstance(dims, int) else \
+        [dims[i] for i in model.out_indices]
+
+
+@pytest.mark.parametrize('name', sorted(SMALL))
+@pytest.mark.parametrize('hw', SIZES)
+def test_output_shapes_and_strides_at_any_size(name, hw):
+    model = build(name).eval()
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, *hw))
+    strides = STRIDES.get(name, [4, 8, 16, 32])
+    assert len(outs) == len(strides)
+    for out, c, s in zip(outs, channels(model), strides):
+        expect = tuple(-(-x // s) for x in hw)  # padded inside: ceil(H / stride)
+        assert out.shape == (1, c, *expect)
+        assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize('name', sorted(SMALL))
+def test_every_parameter_gets_a_gradient(name):
+    model = build(name).train()
+    outs = model(torch.randn(2, 3, 67, 45))
+    sum(o.square().mean() for o in outs).backward()
+    no_grad = [n for n, p in model.named_parameters() if p.requires_grad and
+               (p.grad is None or p.grad.abs().sum() == 0)]
+    unused_norms = [n for n in no_grad if re.match(r'^norm\.', n)]  # DeiT final norm: unused
+    assert sorted(set(no_grad) - set(unused_norms)) == []
+
+
+@pytest.mark.parametrize('name', sorted(SMALL))
+def test_with_cp_gives_same_outputs_and_gradients(name):
+    torch.manual_seed(0)
+    ref = build(name).train()
+    cp = build(name, with_cp=True).train()
+    cp.load_state_dict(ref.state_dict())
+    x = torch.randn(1, 3, 61, 75)
+    outs = [m(x) for m in (ref, cp)]
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b)
+    for m, o in zip((ref, cp), outs):
+        sum(t.sum() for t in o).backward()
+    for (n, p), (_, q) in zip(ref.named_parameters(), cp.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=n)
+
+
+@pytest.mark.parametrize('name', sorted(SMALL))
+def test_frozen_stages_have_no_grad_even_after_train(name):
+    model = build(name, frozen_stages=1)
+    model.train()
+    frozen = [m for group in model.stage_modules()[:2] for m in group]
+    frozen_params = set()
+    for m in frozen:
+        ps = [m] if isinstance(m, torch.nn.Parameter) else list(m.parameters())
+        frozen_params.update(id(p) for p in ps)
+        if not isinstance(m, torch.nn.Parameter):
+            assert not m.training
+    assert frozen_params
+    for p in model.parameters():
+        assert p.requires_grad == (id(p) not in frozen_params)
+    outs = model(torch.randn(1, 3, 64, 64))
+    sum(o.sum() for o in outs).backward()
+    assert all(p.grad is None for p in model.parameters() if id(p) in frozen_params)
+
+
+def test_norm_eval_keeps_batchnorm_in_eval():
+    model = build('InLinePVT', norm_eval=True)
+    model.bn = torch.nn.BatchNorm2d(4)  # a configured BN anywhere in the backbone
+    model.train()
+    assert not model.bn.training and model.block1.training
+
+
+@pytest.mark.parametrize('name', sorted(SMALL))
+def test_inputs_smaller_than_a_window_or_a_patch(name):
+    model = build(name).eval()
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, 9, 40))
+    assert all(torch.isfinite(o).all() for o in outs)
+
+
+def test_inline_blocks_in_windows_for_ablation():
+    model = build('InLineSwinTransformer', inline_window=7).eval()
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, 100, 70))
+    assert outs[0].shape == (1, 8, 25, 18)
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('name,kw,match', [
+    ('InLinePVT', dict(arch='xl'), 'unknown arch'),
+    ('InLineSwinTransformer', dict(arch='q'), 'unknown arch'),
+    ('InLinePVT', dict(block_types='III'), 'one letter per stage'),
+    ('InLineCSWinTransformer', dict(block_types='IIXS'), r"\['X'\]"),
+    ('InLineSwinTransformer', dict(block_types='IIMS'), 'number of InLine blocks'),
+    ('InLinePVT', dict(block_types='IIIII'), '5 letters for 4 stages'),
+    ('InLinePVT', dict(arch=dict(embed_dims=[8, 16, 24, 32], num_heads=[3, 2, 2, 4],
+                                 mlp_ratios=[2] * 4, depths=[1] * 4)), 'must divide the width'),
+    ('InLineDeiT', dict(arch=dict(embed_dim=16, depth=4, num_heads=5)), 'must divide the width'),
+    ('InLineDeiT', dict(arch=dict(embed_dim=16, depth=2)), 'lacks'),
+    ('InLinePVT', dict(out_indices=(4,)), 'out of range'),
+])
+def test_bad_configurations_are_named(name, kw, match):
+    with pytest.raises(ValueError, match=match):
+        build(name, **kw)
+
+
+@pytest.mark.parametrize('name', sorted(SMALL))
+def test_wrong_input_channels_are_named(name):
+    with pytest.raises(ValueError, match=r'\[B, 3, H, W\]'):
+        build(name)(torch.randn(1, 4, 32, 32))
+
+
+# -- the released checkpoints' keys ------------------------------------------------------------
+
+RELEASED = {
+    'inline_pvt_tiny': ('InLinePVT', 't'), 'inline_pvt_small': ('InLinePVT', 's'),
+    'inline_pvt_medium': ('InLinePVT', 'm'), 'inline_pvt_large': ('InLinePVT', 'l'),
+    'inline_swin_tiny': ('InLineSwinTransformer', 't'),
+    'inline_swin_small': ('InLineSwinTransformer', 's'),
+    'inline_swin_base': ('InLineSwinTransformer', 'b'),
+    'inline_cswin_tiny': ('InLineCSWinTransformer', 't'),
+    'inline_cswin_small': ('InLineCSWinTransformer', 's'),
+    'inline_cswin_base': ('InLineCSWinTransformer', 'b'),
+    'inline_deit_tiny': ('InLineDeiT', 't'), 'inline_deit_small': ('InLineDeiT', 's'),
+    'inline_deit_base': ('InLineDeiT', 'b'),
+}
+
+
+def read_key_list(model_name):
+    with open(os.path.join(DATA, f'{model_name}.txt')) as f:
+        header, *lines = f.read().splitlines()
+    sd = {}
+    for line in lines:
+        key, shape = re.match(r'^(\S+) \[(.*)\]$', line).groups()
+        sd[key] = torch.empty([int(s) for s in shape.split(', ') if s], device='meta')
+    return header, sd
+
+
+@pytest.mark.parametrize('model_name', sorted(RELEASED))
+def test_released_checkpoint_keys_and_shapes_match_the_presets(model_name):
+    family, arch = RELEASED[model_name]
+    header, released = read_key_list(model_name)
+    with torch.device('meta'):
+        model = MODELS.build(dict(type=family, arch=arch))
+    sd = model.adapt_pretrained(convert_checkpoint({'model': released}, family))
+    own = model.state_dict()
+    assert sorted(set(sd) - set(own)) == []
+    assert {k: tuple(v.shape) for k, v in sd.items()} == {k: tuple(own[k].shape) for k in sd}
+    # only the per-output norms of the inner stages are new
+    assert all(re.fullmatch(r'norm[0-2]\.(weight|bias)', k) for k in set(own) - set(sd))
+    # the preset has the released parameter count (the header's, minus the classifier)
+    n_released = float(re.search(r'([\d.]+)M parameters', header).group(1)) * 1e6
+    n_head = sum(v.numel() for k, v in released.items() if k.startswith('head.'))
+    n_new = sum(own[k].numel() for k in set(own) - set(sd))
+    n_ours = sum(p.numel() for p in model.parameters())
+    assert abs(n_ours - n_new + n_head - n_released) < 0.006e6

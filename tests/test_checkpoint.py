@@ -1,0 +1,125 @@
+"""Loading released checkpoints: layouts, safety, reports, the offline converter."""
+import collections
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mmplugin_inline.checkpoint import (UnsafeCheckpointError, detect_family,
+                                        load_checkpoint_file, unwrap_state_dict)
+from mmplugin_inline.registry import MODELS
+
+from fidelity import backbone_cfg, load_fixture
+
+ROOT = __file__.rsplit('/tests/', 1)[0]
+
+
+def _outputs(family, path, **kw):
+    fixture = load_fixture(family)
+    cfg = backbone_cfg(family, fixture['arch'], **kw)
+    cfg['init_cfg'] = dict(type='Pretrained', checkpoint=str(path))
+    model = MODELS.build(cfg)
+    model.init_weights()
+    with torch.no_grad():
+        return model.eval()(fixture['cases'][0]['input']), fixture
+
+
+def _variants(state_dict):
+    prefixed = lambda p: collections.OrderedDict((p + k, v) for k, v in state_dict.items())  # noqa
+    return {
+        'released': {'model': state_dict},
+        'state_dict': {'state_dict': state_dict, 'meta': {}},
+        'module': {'model': prefixed('module.')},
+        'backbone': {'state_dict': prefixed('backbone.')},
+        'bare': state_dict,
+    }
+
+
+@pytest.mark.parametrize('layout', ['released', 'state_dict', 'module', 'backbone', 'bare'])
+def test_every_supported_layout_loads_to_the_same_outputs(layout, tmp_path):
+    fixture = load_fixture('swin')
+    path = tmp_path / 'ckpt.pth'
+    torch.save(_variants(fixture['checkpoint']['model'])[layout], path)
+    outs, _ = _outputs('swin', path, out_norm=False)
+    for ours, theirs in zip(outs, fixture['cases'][0]['stage_outputs']):
+        assert (ours - theirs).abs().max() <= 1e-4
+
+
+def test_a_checkpoint_of_another_family_is_an_error_naming_it(tmp_path):
+    path = tmp_path / 'swin.pth'
+    torch.save(load_fixture('swin')['checkpoint'], path)
+    with pytest.raises(RuntimeError, match='looks like an InLineSwinTransformer checkpoint'):
+        _outputs('pvt', path)
+
+
+def test_a_checkpoint_of_another_size_is_an_error(tmp_path):
+    path = tmp_path / 'pvt.pth'
+    torch.save(load_fixture('pvt')['checkpoint'], path)
+    fixture = load_fixture('pvt')
+    cfg = backbone_cfg('pvt', fixture['arch'])
+    cfg['arch']['embed_dims'] = [32, 64, 96, 128]
+    cfg['init_cfg'] = dict(type='Pretrained', checkpoint=str(path))
+    with pytest.raises(RuntimeError, match='another arch / size'):
+        MODELS.build(cfg).init_weights()
+
+
+def test_missing_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match='nowhere.pth'):
+        load_checkpoint_file(str(tmp_path / 'nowhere.pth'))
+
+
+class _Payload:
+    """An arbitrary Python object: unpickling it would run code from the file."""
+
+
+def test_files_with_python_objects_need_an_explicit_opt_in(tmp_path):
+    path = tmp_path / 'unsafe.pth'
+    torch.save({'model': load_fixture('deit')['checkpoint']['model'], 'extra': _Payload()}, path)
+    with pytest.raises(UnsafeCheckpointError, match='allow_unsafe=True'):
+        load_checkpoint_file(str(path))
+    fixture = load_fixture('deit')
+    cfg = backbone_cfg('deit', fixture['arch'])
+    cfg['init_cfg'] = dict(type='Pretrained', checkpoint=str(path))
+    with pytest.raises(UnsafeCheckpointError):
+        MODELS.build(cfg).init_weights()
+    cfg['init_cfg']['allow_unsafe'] = True
+    model = MODELS.build(cfg)
+    model.init_weights()  # opted in: loads
+    with torch.no_grad():
+        out = model.eval()(fixture['cases'][0]['input'])
+    assert (out[-1] - fixture['cases'][0]['stage_outputs'][-1]).abs().max() <= 1e-4
+
+
+def test_unwrap_and_detect():
+    sd = load_fixture('cswin')['checkpoint']['model']
+    assert detect_family(unwrap_state_dict({'model': sd})) == 'InLineCSWinTransformer'
+    assert detect_family({'foo.weight': torch.zeros(1)}) is None
+    with pytest.raises(ValueError, match='no tensors'):
+        unwrap_state_dict({'model': {'epoch': 3}})
+
+
+@pytest.mark.parametrize('family', ['cswin', 'pvt'])
+def test_offline_converter_cli(family, tmp_path):
+    fixture = load_fixture(family)
+    src, dst = tmp_path / 'released.pth', tmp_path / 'converted.pth'
+    torch.save(fixture['checkpoint'], src)
+    res = subprocess.run([sys.executable, 'tools/model_converters/inline2mm.py', str(src),
+                          str(dst)], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert 'checkpoint' in res.stdout and 'head.weight' in res.stdout
+    converted = torch.load(dst, weights_only=True)
+    assert not any(k.startswith('head.') for k in converted['state_dict'])
+    kw = {} if family == 'pvt' else dict(out_norm=False)
+    outs, fx = _outputs(family, dst, **kw)
+    for ours, theirs in zip(outs, fx['cases'][0]['stage_outputs']):
+        assert (ours - theirs).abs().max() <= 1e-4
+
+
+def test_converter_cli_refuses_unsafe_files_without_opt_in(tmp_path):
+    src = tmp_path / 'unsafe.pth'
+    torch.save({'model': load_fixture('deit')['checkpoint']['model'], 'x': _Payload()}, src)
+    cmd = [sys.executable, 'tools/model_converters/inline2mm.py', str(src), str(tmp_path / 'o.pth')]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 1 and '--allow-unsafe' in res.stderr
+    assert not (tmp_path / 'o.pth').exists()

@@ -1,0 +1,103 @@
+"""Attention layers against token-by-token references on odd, padded sizes."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mmplugin_inline.core import inline_attention_reference, local_residual_reference
+from mmplugin_inline.models.layers import (CSWinBranch, GlobalAttention, WindowAttention,
+                                           parse_block_types, shifted_window_mask)
+
+
+def _qkv(attn, x):
+    return [t[0] for t in attn.project(x, x)]  # [N, C] each, batch 1
+
+
+def _softmax_rows(q, k, v, heads, bias=None):
+    """Per-query softmax attention over the given keys, head by head: [Nq, C]."""
+    d = q.shape[-1] // heads
+    outs = []
+    for h in range(heads):
+        s = (q[:, h * d:(h + 1) * d] @ k[:, h * d:(h + 1) * d].T) * d ** -0.5
+        if bias is not None:
+            s = s + bias[h]
+        outs.append(torch.softmax(s, -1) @ v[:, h * d:(h + 1) * d])
+    return torch.cat(outs, -1)
+
+
+def test_window_attention_on_a_padded_map_matches_per_window_reference():
+    torch.manual_seed(0)
+    h, w, c, heads, ws = 6, 7, 8, 2, 4
+    attn = WindowAttention(c, heads, 'S', window_size=ws).double().eval()
+    x = torch.randn(1, h * w, c, dtype=torch.float64)
+    with torch.no_grad():
+        out = attn(x, (h, w))
+        q, k, v = _qkv(attn, x)
+        table = attn.relative_position_bias_table
+        ref = torch.zeros(h * w, c, dtype=torch.float64)
+        for i in range(h):
+            for j in range(w):
+                keys = [(a, b) for a in range(h) for b in range(w)
+                        if a // ws == i // ws and b // ws == j // ws]   # real tokens only
+                idx = [a * w + b for a, b in keys]
+                bias = torch.stack([table[((i % ws) - (a % ws) + ws - 1) * (2 * ws - 1)
+                                          + (j % ws) - (b % ws) + ws - 1] for a, b in keys], 1)
+                ref[i * w + j] = _softmax_rows(q[i * w + j:i * w + j + 1], k[idx], v[idx],
+                                               heads, bias[:, None, :])[0]
+        ref = attn.proj(ref)
+    torch.testing.assert_close(out[0], ref)
+
+
+def test_shift_mask_matches_the_swin_rule_without_padding():
+    mask = shifted_window_mask((8, 8), (8, 8), (4, 4), (2, 2))
+    assert mask.shape == (4, 16, 16)
+    assert (mask[0] == 0).all()             # the top-left window holds one region
+    last = mask[3]                          # the bottom-right window holds four regions
+    assert (last != 0).sum() == 16 * 16 - 4 * 4 * 4
+    assert shifted_window_mask((8, 8), (8, 8), (4, 4), (0, 0)) is None
+
+
+@pytest.mark.parametrize('vertical', [True, False])
+def test_cswin_stripes_with_padding_match_per_stripe_reference(vertical):
+    torch.manual_seed(1)
+    h, w, c, heads, width = 5, 7, 4, 2, 3
+    branch = CSWinBranch(c, heads, 'S', stripe=(width, vertical)).double().eval()
+    q, k, v = (torch.randn(1, h * w, c, dtype=torch.float64) for _ in range(3))
+    with torch.no_grad():
+        out = branch(q, k, v, (h, w), None)[0]
+        ref = torch.zeros(h * w, c, dtype=torch.float64)
+        vm = v[0].T.reshape(1, c, h, w)
+        n_stripes = -(-(w if vertical else h) // width)
+        for s in range(n_stripes):
+            lo, hi = s * width, min((s + 1) * width, w if vertical else h)
+            cells = [(a, b) for a in range(h) for b in range(w)
+                     if lo <= (b if vertical else a) < hi]
+            idx = [a * w + b for a, b in cells]
+            att = _softmax_rows(q[0, idx], k[0, idx], v[0, idx], heads)
+            sub = vm[:, :, :, lo:hi] if vertical else vm[:, :, lo:hi, :]
+            lepe = branch.get_v(sub)[0].reshape(c, -1).T       # zero padded at stripe borders
+            ref[idx] = att + lepe
+    torch.testing.assert_close(out, ref)
+
+
+def test_global_inline_attention_matches_the_definition_with_residual():
+    torch.manual_seed(2)
+    h, w, c, heads = 5, 6, 8, 2
+    attn = GlobalAttention(c, heads, 'I', num_prefix=1).double().eval()
+    x = torch.randn(1, 1 + h * w, c, dtype=torch.float64)
+    with torch.no_grad():
+        out = attn(x, (h, w))
+        q, k, v = _qkv(attn, x)
+        split = lambda t: t.view(-1, heads, c // heads).transpose(0, 1)[None]  # noqa
+        ref = inline_attention_reference(split(q), split(k), split(v))[0].transpose(0, 1)
+        ref = ref.reshape(-1, c)
+        kernels = attn.residual(x.mean(1))
+        res = local_residual_reference(v[1:].T.reshape(1, c, h, w), kernels)[0]
+        ref[1:] += res.reshape(c, -1).T          # the cls token gets no local residual
+        ref = attn.proj(ref)
+    torch.testing.assert_close(out[0], ref)
+
+
+def test_block_type_strings_expand_per_block():
+    assert parse_block_types('IIMS2', [1, 2, 4, 2], 'x') == [
+        ['I'], ['I', 'I'], ['I', 'I', 'S', 'S'], ['S', 'S']]
+    assert parse_block_types('ISIS', [1, 1, 1, 1], 'x')[1] == ['S']

@@ -1,0 +1,61 @@
+"""Convert an authors' released InLine checkpoint to this plugin's backbone format.
+
+    python tools/model_converters/inline2mm.py inline_swin_t.pth checkpoints/inline_swin_t_mm.pth
+
+The family is detected from the keys (or given with --family). The output is
+``{'state_dict': ..., 'meta': ...}`` with the backbone's key names, no classifier and
+no buffers; ``init_cfg=dict(type='Pretrained', checkpoint=DST)`` loads it, as it loads
+the released file directly. Files are read with ``weights_only=True``; one that needs
+full unpickling is refused unless you pass --allow-unsafe (only for files you trust).
+"""
+import argparse
+import os
+import sys
+
+import torch
+
+from mmplugin_inline.checkpoint import (DROPPED, FAMILY_SIGNATURES, UnsafeCheckpointError,
+                                        convert_checkpoint, detect_family,
+                                        load_checkpoint_file, unwrap_state_dict)
+
+
+def convert_file(src: str, dst: str, family: str = None, allow_unsafe: bool = False) -> dict:
+    """Convert ``src`` into ``dst``; return a summary dict."""
+    obj = load_checkpoint_file(src, allow_unsafe=allow_unsafe)
+    raw = unwrap_state_dict(obj)
+    detected = detect_family(raw)
+    family = family or detected
+    if family is None:
+        raise ValueError(f'{src}: cannot tell which InLine family this checkpoint is (none of '
+                         f'the known key patterns match); pass --family')
+    sd = convert_checkpoint(obj, family)
+    os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
+    torch.save({'state_dict': sd, 'meta': dict(source=os.path.basename(src), family=family)}, dst)
+    return dict(family=family, detected=detected, entries_in=len(raw), entries_out=len(sd),
+                dropped=[k for k in raw if DROPPED.search(k)])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('src', help='released checkpoint ({"model": state_dict} or variants)')
+    parser.add_argument('dst', help='output file')
+    parser.add_argument('--family', choices=sorted(FAMILY_SIGNATURES),
+                        help='override the detected family')
+    parser.add_argument('--allow-unsafe', action='store_true',
+                        help='allow full unpickling of SRC (runs code in it; trusted files only)')
+    args = parser.parse_args(argv)
+    try:
+        summary = convert_file(args.src, args.dst, args.family, args.allow_unsafe)
+    except (FileNotFoundError, UnsafeCheckpointError, ValueError, TypeError) as exc:
+        print(f'error: {exc}', file=sys.stderr)
+        return 1
+    print(f"{args.src}: {summary['family']} checkpoint, {summary['entries_in']} entries -> "
+          f"{summary['entries_out']} written to {args.dst}")
+    if summary['dropped']:
+        print(f"dropped (classifier / buffers): {summary['dropped']}")
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
