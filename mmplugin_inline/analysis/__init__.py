@@ -4,13 +4,13 @@ mmseg config. Imports mmengine (and mmdet / mmseg lazily), unlike ``core``.
 """
 from .codebase import (build_model, codebase_of, dummy_data_batch, load_config, parse_shape,
                        preprocess_dummy)
-from .complexity import (EXTRA_FLOP_HANDLES, UNCOUNTED_ELEMENTWISE_OPS, baddbmm_flop_jit,
-                         count_module, flop_analyzer, format_count, module_table, sdpa_flop_jit,
-                         unknown_ops)
+from .complexity import (EXTRA_FLOP_HANDLES, UNCOUNTED_ELEMENTWISE_OPS, UNCOUNTED_OPS,
+                         UNCOUNTED_SAMPLING_OPS, baddbmm_flop_jit, count_module, flop_analyzer,
+                         format_count, module_table, sdpa_flop_jit, unknown_ops)
 
 __all__ = [
     'build_model', 'codebase_of', 'dummy_data_batch', 'load_config', 'parse_shape',
-    'preprocess_dummy', 'EXTRA_FLOP_HANDLES', 'UNCOUNTED_ELEMENTWISE_OPS', 'baddbmm_flop_jit',
-    'count_module', 'flop_analyzer', 'format_count', 'module_table', 'sdpa_flop_jit',
-    'unknown_ops'
+    'preprocess_dummy', 'EXTRA_FLOP_HANDLES', 'UNCOUNTED_ELEMENTWISE_OPS', 'UNCOUNTED_OPS',
+    'UNCOUNTED_SAMPLING_OPS', 'baddbmm_flop_jit', 'count_module', 'flop_analyzer',
+    'format_count', 'module_table', 'sdpa_flop_jit', 'unknown_ops'
 ]

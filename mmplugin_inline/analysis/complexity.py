@@ -7,8 +7,9 @@ ops it has handlers for. Two ops that attention layers use have none:
   ``Q K^T`` and ``P V``, i.e. ``L * S * (d + dv)`` per head for L queries and S keys;
 - ``aten::baddbmm`` (the InLine kernel's ``mean(V) + Q @ M``): ``G * N * d * dv``.
 
-Everything else the InLine kernel and its local residual use is already counted
-correctly: the 4-D ``matmul`` of ``phi(K)^T V`` (``aten::matmul``), the grouped 1x1
+An autograd Function (``prim::PythonOp``, e.g. a kernel with a hand-written backward)
+is counted from the forward ops the tracer records inside it. Everything else the
+InLine kernel and its local residual use is already counted correctly by mmengine: the 4-D ``matmul`` of ``phi(K)^T V`` (``aten::matmul``), the grouped 1x1
 ``Conv1d`` of the kernel predictor and the per-sample depthwise ``conv2d`` with
 ``groups = B * C`` (both ``aten::_convolution``: weight ``[out, in / groups, k]`` makes
 the count ``out * in / groups * k * outputs``).
@@ -16,11 +17,14 @@ the count ``out * in / groups * k * outputs``).
 Convention (mmengine's and fvcore's, and the one of the InLine / Swin / PVT papers'
 tables): one fused multiply-add counts as one FLOP, so the figures are multiply-
 accumulates (MACs). Element-wise ops (additions, scaling, activations, softmax
-exponentials) are not counted; they are listed in :data:`UNCOUNTED_ELEMENTWISE_OPS`
-and reported separately from ops that are truly unknown.
+exponentials) are not counted, nor are NMS and RoIAlign (as in mmdet's get_flops);
+they are listed in :data:`UNCOUNTED_OPS` and reported apart from ops that are truly
+unknown, which the tools print as a warning.
 """
+import typing
+from collections import Counter
 from math import prod
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 import torch.nn as nn
@@ -51,6 +55,16 @@ UNCOUNTED_ELEMENTWISE_OPS = frozenset({
     'aten::logical_or', 'aten::reciprocal', 'aten::exp_', 'aten::erf', 'aten::pad',
 })
 
+#: Non-matmul ops of detection heads that mmdet's own get_flops leaves uncounted as well:
+#: suppression (no arithmetic to speak of) and RoI sampling (bilinear interpolation).
+UNCOUNTED_SAMPLING_OPS = frozenset({
+    'prim::PythonOp.NMSop', 'prim::PythonOp.RoIAlignFunction', 'torchvision::nms',
+    'torchvision::roi_align', 'aten::grid_sampler_2d',
+})
+
+#: Every op left out of the count on purpose.
+UNCOUNTED_OPS = UNCOUNTED_ELEMENTWISE_OPS | UNCOUNTED_SAMPLING_OPS
+
 
 def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
     """MACs of softmax attention: ``Q K^T`` then ``softmax(.) V``.
@@ -80,25 +94,92 @@ EXTRA_FLOP_HANDLES = {
 }
 
 
+class _HandleTable(dict):
+    """mmengine's op-kind -> handle table, plus autograd Functions counted from inside.
+
+    A ``torch.autograd.Function`` (``prim::PythonOp.<Name>``) without a handle of its own
+    is counted by running the table over the forward subgraph the tracer records in
+    the node (``Subgraph``): a custom kernel written as a Function (e.g. InLine's with
+    a hand-written backward) is counted by its real matmuls instead of being skipped.
+    Ops inside it that have no handle, and Functions with an opaque body (a C
+    extension: nothing traced inside), are recorded in ``inner_unknown``.
+    Functions listed in :data:`UNCOUNTED_OPS` (NMS, RoIAlign) keep being reported as
+    not counted.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.inner_unknown: typing.Counter[str] = Counter()
+        self.ignored: Set[str] = set()
+
+    def __contains__(self, kind) -> bool:
+        return super().__contains__(kind) or self._is_fallback(kind)
+
+    def __getitem__(self, kind):
+        if not super().__contains__(kind) and self._is_fallback(kind):
+            return self._count_python_op
+        return super().__getitem__(kind)
+
+    @staticmethod
+    def _is_fallback(kind) -> bool:
+        return isinstance(kind, str) and kind.startswith('prim::PythonOp.') and \
+            kind not in UNCOUNTED_OPS
+
+    def _count_python_op(self, inputs: List[Any], outputs: List[Any]) -> typing.Counter[str]:
+        node = outputs[0].node()
+        name = f'prim::PythonOp.{node.pyname()}'
+        if not node.hasAttribute('Subgraph'):
+            self.inner_unknown[name] += 1
+            return Counter()
+        counts: typing.Counter[str] = Counter()
+        traced_any = False
+        for inner in node.g('Subgraph').nodes():
+            kind = inner.kind()
+            if kind == 'prim::PythonOp':
+                kind = f'{kind}.{inner.pyname()}'
+            if kind.startswith('prim::') and not kind.startswith('prim::PythonOp'):
+                continue
+            traced_any = True
+            if kind in self:
+                found = self[kind](list(inner.inputs()), list(inner.outputs()))
+                if not isinstance(found, Counter):
+                    found = Counter({kind.split('::')[-1]: found})
+                counts += found
+            elif kind not in self.ignored and kind not in UNCOUNTED_OPS:
+                self.inner_unknown[f'{name}/{kind}'] += 1
+        if not traced_any:
+            self.inner_unknown[name] += 1  # opaque body: nothing could be counted
+        return counts
+
+
 def flop_analyzer(model: nn.Module, inputs: Union[torch.Tensor, Tuple[Any, ...]],
                   warn_uncalled: bool = False) -> FlopAnalyzer:
-    """A :class:`FlopAnalyzer` with :data:`EXTRA_FLOP_HANDLES` added.
+    """A :class:`FlopAnalyzer` with :data:`EXTRA_FLOP_HANDLES` added and autograd
+    Functions counted from their traced forward (see :class:`_HandleTable`).
 
-    Element-wise ops are not reported as unsupported (they are uncounted by design);
-    any other op without a handler is still warned about and listed by
-    ``unsupported_ops()``.
+    No warnings are logged for ops without a handler: :func:`unknown_ops` lists those
+    that are not left out by design (:data:`UNCOUNTED_OPS`); any such op is not counted.
     """
     analyzer = FlopAnalyzer(model, inputs)
     analyzer.set_op_handle(**EXTRA_FLOP_HANDLES)
+    # mmengine 0.10 keeps the table in ``_op_handles`` and only looks ops up in it
+    table = _HandleTable(analyzer._op_handles)
+    table.ignored = analyzer._ignored_ops
+    analyzer._op_handles = table
     analyzer.unsupported_ops_warnings(False)
     analyzer.uncalled_modules_warnings(warn_uncalled)
     return analyzer
 
 
 def unknown_ops(analyzer: FlopAnalyzer, module_name: str = '') -> Dict[str, int]:
-    """Ops of ``module_name`` that were neither counted nor are element-wise."""
-    return {op: n for op, n in analyzer.unsupported_ops(module_name).items()
-            if op not in UNCOUNTED_ELEMENTWISE_OPS}
+    """Ops of ``module_name`` that were not counted and are not in :data:`UNCOUNTED_OPS`,
+    including ops inside autograd Functions (for the whole model only: ``'func/op'``)."""
+    unknown = {op: n for op, n in analyzer.unsupported_ops(module_name).items()
+               if op not in UNCOUNTED_OPS}
+    table = analyzer._op_handles
+    if not module_name and isinstance(table, _HandleTable):
+        unknown.update(table.inner_unknown)
+    return unknown
 
 
 def count_module(model: nn.Module, inputs: Union[torch.Tensor, Tuple[Any, ...]],
@@ -108,7 +189,7 @@ def count_module(model: nn.Module, inputs: Union[torch.Tensor, Tuple[Any, ...]],
     Returns:
         dict: ``flops`` / ``params`` (whole), ``sub`` = {name: (flops, params)} for
         each name in ``submodules`` that exists, ``unknown_ops`` (see
-        :func:`unknown_ops`), ``uncounted_ops`` (element-wise, by design) and the
+        :func:`unknown_ops`), ``uncounted_ops`` (left out by design) and the
         ``analyzer`` for further breakdowns.
     """
     if not isinstance(inputs, tuple):
@@ -125,8 +206,7 @@ def count_module(model: nn.Module, inputs: Union[torch.Tensor, Tuple[Any, ...]],
         sub={name: (analyzer.total(name), params.get(name, 0)) for name in submodules
              if name in names},
         unknown_ops=unknown_ops(analyzer),
-        uncounted_ops={op: n for op, n in unsupported.items()
-                       if op in UNCOUNTED_ELEMENTWISE_OPS},
+        uncounted_ops={op: n for op, n in unsupported.items() if op in UNCOUNTED_OPS},
         analyzer=analyzer)
 
 

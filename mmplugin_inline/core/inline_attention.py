@@ -32,6 +32,49 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError('InLine attention needs at least one key token (N = 0)')
 
 
+class _CentredLinearAttention(torch.autograd.Function):
+    """``out = mean(V) + c * Q [K^T (I - 11^T/N) V]`` with a hand-written backward.
+
+    Writing the backward out keeps it at four N x d x d matmuls and no N x d
+    temporaries beyond the gradients themselves: the rank-one centring terms ride in
+    the matmuls as broadcast ``baddbmm`` inputs instead of separate passes (autograd
+    would expand and add the mean's gradient in extra passes).
+    Inputs are [G, N, d] (heads folded into G), already in the compute dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, c):
+        n = k.shape[1]
+        k_mean = k.mean(dim=1, keepdim=True)                       # [G, 1, d]
+        v_mean = v.mean(dim=1, keepdim=True)                       # [G, 1, dv]
+        # (K - 1 k_mean^T)^T V = K^T V - N k_mean^T v_mean   (exact, d x d only)
+        m = torch.baddbmm(k.transpose(1, 2) @ v, k_mean.transpose(1, 2), v_mean,
+                          beta=c, alpha=-n * c)                     # [G, d, dv], scaled by c
+        ctx.save_for_backward(q, k, v, m, k_mean, v_mean)
+        ctx.c = c
+        return torch.baddbmm(v_mean, q, m)                         # [G, Nq, dv]
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        q, k, v, m, k_mean, v_mean = ctx.saved_tensors
+        c, n = ctx.c, k.shape[1]
+        grad_q = grad_k = grad_v = None
+        if ctx.needs_input_grad[0]:
+            grad_q = grad @ m.transpose(1, 2)                      # [G, Nq, d]
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            grad_m = q.transpose(1, 2) @ grad                      # [G, d, dv] (unscaled)
+            if ctx.needs_input_grad[1]:
+                # dK = c (V - 1 v_mean^T) dM^T
+                grad_k = torch.baddbmm(v_mean @ grad_m.transpose(1, 2), v,
+                                       grad_m.transpose(1, 2), beta=-c, alpha=c)
+            if ctx.needs_input_grad[2]:
+                # dV = c (K - 1 k_mean^T) dM + 1 sum_i(grad_i)^T / N
+                row = grad.sum(dim=1, keepdim=True) / n - c * (k_mean @ grad_m)
+                grad_v = torch.baddbmm(row, k, grad_m, alpha=c)
+        return grad_q, grad_k, grad_v, None
+
+
 def inline_attention(q: torch.Tensor,
                      k: torch.Tensor,
                      v: torch.Tensor,
@@ -54,15 +97,11 @@ def inline_attention(q: torch.Tensor,
     phi = get_kernel(kernel)
     out_dtype = q.dtype
     dtype = _compute_dtype(out_dtype)
-    n = k.shape[2]
+    b, h, nq, _ = q.shape
     if scale is None:
         scale = q.shape[-1] ** -0.5
     with torch.autocast(device_type=q.device.type, enabled=False):
-        q, k, v = phi(q.to(dtype)), phi(k.to(dtype)), v.to(dtype)
-        k_mean = k.mean(dim=2, keepdim=True)                   # [B, h, 1, d]
-        v_mean = v.mean(dim=2, keepdim=True)                   # [B, h, 1, dv]
-        kv = k.transpose(-2, -1) @ v                           # [B, h, d, dv]
-        # centre: (K - 1 k_mean^T)^T V = K^T V - N k_mean^T v_mean (exact, d x d only)
-        kv = (kv - n * k_mean.transpose(-2, -1) @ v_mean) * (scale / n)
-        out = torch.baddbmm(v_mean.flatten(0, 1), q.flatten(0, 1), kv.flatten(0, 1))
-    return out.view(*q.shape[:3], v.shape[-1]).to(out_dtype)
+        q, k, v = (t.reshape(b * h, t.shape[2], t.shape[3])
+                   for t in (phi(q.to(dtype)), phi(k.to(dtype)), v.to(dtype)))
+        out = _CentredLinearAttention.apply(q, k, v, scale / k.shape[1])
+    return out.view(b, h, nq, v.shape[-1]).to(out_dtype)

@@ -35,12 +35,14 @@ def parse_map(text):
     return int(h), int(w)
 
 
-def fits(name, n, heads, batch, limit_gb):
-    """Whether an implementation's N x N intermediates fit in ``limit_gb``."""
+def fits(name, n, heads, batch, limit_gb, softmax_max_tokens):
+    """Whether to run an implementation: naive softmax only where its N x N
+    intermediates fit in ``limit_gb``; both softmax kinds (O(N^2) time) only up to
+    ``softmax_max_tokens`` tokens."""
+    if name.startswith('softmax') and n > softmax_max_tokens:
+        return False
     if name == 'softmax (naive)':
         return 3 * batch * heads * n * n * 4 / 2 ** 30 <= limit_gb  # scores, softmax, grad
-    if name == 'softmax (SDPA)':
-        return 2 * batch * heads * n * n * 4 / 2 ** 30 <= limit_gb  # the CPU math path
     return True
 
 
@@ -76,11 +78,13 @@ def peak_memory(fn, inputs, backward, device):
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run_once(fn, inputs, backward)
-    events = sorted((e for e in prof.events() if e.name == '[memory]'),
+    # each op's own (self) allocations, and '[memory]' entries for frees between ops,
+    # replayed in time order
+    events = sorted((e for e in prof.events() if e.self_cpu_memory_usage),
                     key=lambda e: e.time_range.start)
     current = peak = 0
     for e in events:
-        current += e.cpu_memory_usage
+        current += e.self_cpu_memory_usage
         peak = max(peak, current)
     return peak
 
@@ -155,11 +159,13 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--maps', nargs='+', default=DEFAULT_MAPS, help='H x W token maps')
     parser.add_argument('--dims', type=int, nargs='+', default=[32, 64])
-    parser.add_argument('--heads', type=int, nargs='+', default=[2])
+    parser.add_argument('--heads', type=int, nargs='+', default=[1, 2, 4])
     parser.add_argument('--batch', type=int, default=1)
     parser.add_argument('--repeats', type=int, default=5)
     parser.add_argument('--softmax-limit-gb', type=float, default=4.0,
-                        help='skip softmax where its N x N tensors exceed this')
+                        help='skip naive softmax where its N x N tensors exceed this')
+    parser.add_argument('--softmax-max-tokens', type=int, default=128 * 128,
+                        help='skip softmax (quadratic time) above this many tokens')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--out-dir', default='work_dirs/benchmark_attention')
     parser.add_argument('--quick', action='store_true', help='tiny sizes, one repeat')
@@ -175,7 +181,8 @@ def main(argv=None):
                 hw = parse_map(m)
                 n = hw[0] * hw[1]
                 impls = {k: v for k, v in IMPLS.items()
-                         if fits(k, n, heads, args.batch, args.softmax_limit_gb)}
+                         if fits(k, n, heads, args.batch, args.softmax_limit_gb,
+                                 args.softmax_max_tokens)}
                 row = dict(map=m, n=n, d=d, heads=heads, batch=args.batch)
                 for mode, backward in (('forward', False), ('forward+backward', True)):
                     grad = torch.enable_grad() if backward else torch.no_grad()
