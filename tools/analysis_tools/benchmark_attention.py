@@ -168,8 +168,13 @@ def main(argv=None):
                         help='skip softmax (quadratic time) above this many tokens')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--out-dir', default='work_dirs/benchmark_attention')
+    parser.add_argument('--threads', type=int, default=None,
+                        help='torch CPU threads (default: torch\'s choice); 1 is steadier on '
+                             'a busy machine')
     parser.add_argument('--quick', action='store_true', help='tiny sizes, one repeat')
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.quick:
         args.maps, args.dims, args.heads, args.repeats = ['16x16', '24x40'], [8], [2], 1
     device = torch.device(args.device)

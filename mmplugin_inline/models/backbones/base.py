@@ -3,10 +3,13 @@ import copy
 from typing import List, Sequence
 
 import torch.nn as nn
+from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmplugin_inline.checkpoint import load_pretrained
+from mmplugin_inline.core import nlc_to_nchw
+from mmplugin_inline.models.layers import parse_block_types, stochastic_depth_rates
 
 
 def resolve_arch(arch, settings: dict, family: str, required: Sequence[str]) -> dict:
@@ -58,6 +61,44 @@ class InLineBackbone(BaseModule):
                  init_cfg=None):
         super().__init__(init_cfg=init_cfg)
         self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
+
+    def _init_pyramid(self, cfg: dict, out_indices, block_types: str, drop_path_rate: float):
+        """Stage layout of a hierarchical family whose width doubles per stage.
+
+        Sets ``num_stages``, ``embed_dims`` and ``out_indices``; returns the widths, the
+        block type of every block and its drop-path rate (both per stage).
+        """
+        depths, name = cfg['depths'], type(self).__name__
+        self.num_stages = len(depths)
+        self.embed_dims = [cfg['embed_dim'] * 2 ** i for i in range(self.num_stages)]
+        self.out_indices = normalize_out_indices(out_indices, self.num_stages, name)
+        return (self.embed_dims, parse_block_types(block_types, depths, name),
+                stochastic_depth_rates(depths, drop_path_rate))
+
+    def _add_out_norms(self, out_norm: bool, norm_cfg: dict) -> None:
+        """One norm per output (``norm{i}``), as mmdet's Swin has."""
+        self.out_norm = out_norm
+        if out_norm:
+            for i in self.out_indices:
+                self.add_module(f'norm{i}', build_norm_layer(norm_cfg, self.embed_dims[i])[1])
+
+    def _out_norms_of(self, i: int) -> list:
+        return [getattr(self, f'norm{i}')] if self.out_norm and i in self.out_indices else []
+
+    def _output(self, i: int, x, hw):
+        """Stage ``i``'s tokens [B, N, C] as the (normed) NCHW output."""
+        for norm in self._out_norms_of(i):
+            x = norm(x)
+        return nlc_to_nchw(x, hw)
+
+    def _final_norm_to_last_out_norm(self, sd: dict) -> dict:
+        """A released checkpoint's final norm initialises the last output norm."""
+        last = self.num_stages - 1
+        if self.out_norm and last in self.out_indices:
+            for p in ('weight', 'bias'):
+                if f'norm.{p}' in sd:
+                    sd[f'norm{last}.{p}'] = sd.pop(f'norm.{p}')
+        return sd
 
     def stage_modules(self) -> List[List[nn.Module]]:
         """[stem modules, stage-1 modules, ...]; parameters count as modules here."""

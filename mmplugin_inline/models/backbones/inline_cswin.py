@@ -6,12 +6,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
 
-from mmplugin_inline.core import nchw_to_nlc, nlc_to_nchw, pad_amount
-from mmplugin_inline.models.layers import (ConvMerging, CSWinAttention, TransformerBlock,
-                                           parse_block_types, run_blocks, stochastic_depth_rates)
+from mmplugin_inline.core import nchw_to_nlc, pad_amount
+from mmplugin_inline.models.layers import ConvMerging, CSWinAttention, TransformerBlock, run_blocks
 from mmplugin_inline.registry import MODELS
 
-from .base import InLineBackbone, normalize_out_indices, resolve_arch
+from .base import InLineBackbone, resolve_arch
 
 
 class ConvStem(nn.Sequential):
@@ -79,13 +78,7 @@ class InLineCSWinTransformer(InLineBackbone):
         cfg = resolve_arch(arch, self.arch_settings, 'InLineCSWinTransformer',
                            ('embed_dim', 'depths', 'num_heads'))
         depths = cfg['depths']
-        self.num_stages = len(depths)
-        dims = [cfg['embed_dim'] * 2 ** i for i in range(self.num_stages)]
-        self.embed_dims = dims
-        self.out_indices = normalize_out_indices(out_indices, self.num_stages,
-                                                 'InLineCSWinTransformer')
-        types = parse_block_types(block_types, depths, 'InLineCSWinTransformer')
-        dpr = stochastic_depth_rates(depths, drop_path_rate)
+        dims, types, dpr = self._init_pyramid(cfg, out_indices, block_types, drop_path_rate)
         self.stage1_conv_embed = ConvStem(in_channels, dims[0], norm_cfg)
         for i, depth in enumerate(depths):
             last = i == self.num_stages - 1
@@ -98,30 +91,19 @@ class InLineCSWinTransformer(InLineBackbone):
                 for j, t in enumerate(types[i])]))
             if not last:
                 self.add_module(f'merge{i + 1}', ConvMerging(dims[i], dims[i + 1], norm_cfg))
-        self.out_norm = out_norm
-        if out_norm:
-            for i in self.out_indices:
-                self.add_module(f'norm{i}', build_norm_layer(norm_cfg, dims[i])[1])
+        self._add_out_norms(out_norm, norm_cfg)
         self._init_from_scratch()
 
     def stage_modules(self):
         groups = [[self.stage1_conv_embed]]
         for i in range(self.num_stages):
-            group = [getattr(self, f'stage{i + 1}')]
-            group.append(self.stage1_conv_embed if i == 0 else getattr(self, f'merge{i}'))
-            if self.out_norm and i in self.out_indices:
-                group.append(getattr(self, f'norm{i}'))
-            groups.append(group)
+            merge = self.stage1_conv_embed if i == 0 else getattr(self, f'merge{i}')
+            groups.append([getattr(self, f'stage{i + 1}'), merge] + self._out_norms_of(i))
         return groups
 
     def adapt_pretrained(self, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """The released final norm initialises the last output norm."""
-        last = self.num_stages - 1
-        if self.out_norm and last in self.out_indices:
-            for p in ('weight', 'bias'):
-                if f'norm.{p}' in sd:
-                    sd[f'norm{last}.{p}'] = sd.pop(f'norm.{p}')
-        return sd
+        return self._final_norm_to_last_out_norm(sd)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: [B, C_in, H, W] -> tuple of NCHW maps (see class docstring)."""
@@ -132,6 +114,5 @@ class InLineCSWinTransformer(InLineBackbone):
                 x, hw = getattr(self, f'merge{i}')(x, hw)
             x = run_blocks(getattr(self, f'stage{i + 1}'), x, hw, self.with_cp)
             if i in self.out_indices:
-                out = getattr(self, f'norm{i}')(x) if self.out_norm else x
-                outs.append(nlc_to_nchw(out, hw))
+                outs.append(self._output(i, x, hw))
         return tuple(outs)

@@ -4,15 +4,12 @@ from typing import Dict, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmcv.cnn import build_norm_layer
 
-from mmplugin_inline.core import nlc_to_nchw
 from mmplugin_inline.models.layers import (GlobalAttention, PatchEmbed, PatchMerging,
-                                           TransformerBlock, WindowAttention, parse_block_types,
-                                           run_blocks, stochastic_depth_rates)
+                                           TransformerBlock, WindowAttention, run_blocks)
 from mmplugin_inline.registry import MODELS
 
-from .base import InLineBackbone, normalize_out_indices, resolve_arch
+from .base import InLineBackbone, resolve_arch
 
 
 def inline_mixer(dim, num_heads, qkv_bias, kernel, inline_window, proj_drop):
@@ -71,15 +68,10 @@ class InLineSwinTransformer(InLineBackbone):
         cfg = resolve_arch(arch, self.arch_settings, 'InLineSwinTransformer',
                            ('embed_dim', 'depths', 'num_heads'))
         depths = cfg['depths']
-        self.num_stages = len(depths)
         self.window_size = window_size
-        dims = [cfg['embed_dim'] * 2 ** i for i in range(self.num_stages)]
-        self.embed_dims = dims
-        self.out_indices = normalize_out_indices(out_indices, self.num_stages,
-                                                 'InLineSwinTransformer')
-        types = parse_block_types(block_types or cfg.get('block_types', 'I' * self.num_stages),
-                                  depths, 'InLineSwinTransformer')
-        dpr = stochastic_depth_rates(depths, drop_path_rate)
+        dims, types, dpr = self._init_pyramid(
+            cfg, out_indices, block_types or cfg.get('block_types', 'I' * len(depths)),
+            drop_path_rate)
         self.patch_embed = PatchEmbed(in_channels, dims[0], 4, norm_cfg=norm_cfg)
         self.pos_drop = nn.Dropout(drop_rate)
         self.layers = nn.ModuleList()
@@ -100,25 +92,16 @@ class InLineSwinTransformer(InLineBackbone):
             if i < self.num_stages - 1:
                 stage.downsample = PatchMerging(dims[i], norm_cfg)
             self.layers.append(stage)
-        self.out_norm = out_norm
-        if out_norm:
-            for i in self.out_indices:
-                self.add_module(f'norm{i}', build_norm_layer(norm_cfg, dims[i])[1])
+        self._add_out_norms(out_norm, norm_cfg)
         self._init_from_scratch()
 
     def stage_modules(self):
-        return [[self.patch_embed]] + [
-            [self.patch_embed, layer] + ([getattr(self, f'norm{i}')] if self.out_norm and
-                                         i in self.out_indices else [])
-            for i, layer in enumerate(self.layers)]
+        return [[self.patch_embed]] + [[self.patch_embed, layer] + self._out_norms_of(i)
+                                       for i, layer in enumerate(self.layers)]
 
     def adapt_pretrained(self, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """Final norm -> last output norm; relative position tables resized if needed."""
-        last = self.num_stages - 1
-        if self.out_norm and last in self.out_indices:
-            for p in ('weight', 'bias'):
-                if f'norm.{p}' in sd:
-                    sd[f'norm{last}.{p}'] = sd.pop(f'norm.{p}')
+        sd = self._final_norm_to_last_out_norm(sd)
         own = self.state_dict()
         for key, value in list(sd.items()):
             if key.endswith('relative_position_bias_table') and key in own \
@@ -138,8 +121,7 @@ class InLineSwinTransformer(InLineBackbone):
             layer = self.layers[i]
             x = run_blocks(layer.blocks, x, hw, self.with_cp)
             if i in self.out_indices:
-                out = getattr(self, f'norm{i}')(x) if self.out_norm else x
-                outs.append(nlc_to_nchw(out, hw))
+                outs.append(self._output(i, x, hw))
             if i < self.num_stages - 1:
                 x, hw = layer.downsample(x, hw)
         return tuple(outs)
