@@ -1,16 +1,19 @@
 """Analysis helpers behind ``tools/analysis_tools`` and ``demo``: complexity counts
-with attention handlers, and config / model / dummy-input plumbing for any mmdet or
-mmseg config. Imports mmengine (and mmdet / mmseg lazily), unlike ``core``.
+with attention handlers, timing / memory measurement, and config / model / dummy-input
+plumbing for any mmdet or mmseg config. Imports mmengine (and mmdet / mmseg lazily),
+unlike ``core``.
 """
-from .codebase import (build_model, codebase_of, dummy_data_batch, load_config, parse_shape,
-                       preprocess_dummy)
+from .codebase import (DEFAULT_SHAPES, build_model, codebase_of, dummy_data_batch, load_config,
+                       parse_shape, preprocess_dummy)
 from .complexity import (EXTRA_FLOP_HANDLES, UNCOUNTED_ELEMENTWISE_OPS, UNCOUNTED_OPS,
-                         UNCOUNTED_SAMPLING_OPS, baddbmm_flop_jit, count_module, flop_analyzer,
-                         format_count, module_table, sdpa_flop_jit, unknown_ops)
+                         UNCOUNTED_SAMPLING_OPS, ZERO_COST_OPS, baddbmm_flop_jit, count_module,
+                         flop_analyzer, format_count, module_table, sdpa_flop_jit, unknown_ops)
+from .measure import peak_extra_memory, tensor_bytes, time_calls
 
 __all__ = [
-    'build_model', 'codebase_of', 'dummy_data_batch', 'load_config', 'parse_shape',
-    'preprocess_dummy', 'EXTRA_FLOP_HANDLES', 'UNCOUNTED_ELEMENTWISE_OPS', 'UNCOUNTED_OPS',
-    'UNCOUNTED_SAMPLING_OPS', 'baddbmm_flop_jit', 'count_module', 'flop_analyzer',
-    'format_count', 'module_table', 'sdpa_flop_jit', 'unknown_ops'
+    'DEFAULT_SHAPES', 'build_model', 'codebase_of', 'dummy_data_batch', 'load_config',
+    'parse_shape', 'preprocess_dummy', 'EXTRA_FLOP_HANDLES', 'UNCOUNTED_ELEMENTWISE_OPS',
+    'UNCOUNTED_OPS', 'UNCOUNTED_SAMPLING_OPS', 'ZERO_COST_OPS', 'baddbmm_flop_jit',
+    'count_module', 'flop_analyzer', 'format_count', 'module_table', 'sdpa_flop_jit',
+    'unknown_ops', 'peak_extra_memory', 'tensor_bytes', 'time_calls'
 ]

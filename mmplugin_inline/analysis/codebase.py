@@ -16,6 +16,8 @@ import torch.nn as nn
 from mmengine.config import Config
 
 CODEBASES = ('mmdet', 'mmseg')
+#: input H x W when a tool is given none: mmdet's 1333 x 800 test scale, ADE20K's crop
+DEFAULT_SHAPES = {'mmdet': (800, 1333), 'mmseg': (512, 512)}
 
 
 def load_config(config: Union[str, Config, dict], cfg_options: Optional[dict] = None) -> Config:
@@ -53,8 +55,8 @@ def codebase_of(cfg: Config) -> str:
     if len(found) == 1:
         return found[0]
     raise ValueError(f'cannot tell whether the config is for mmdet or mmseg: default_scope is '
-                     f'{scope!r} and the model type {model_type!r} is found in {found or "neither"}; '
-                     "set default_scope = 'mmdet' or 'mmseg' in the config")
+                     f'{scope!r} and the model type {model_type!r} is registered in '
+                     f'{found or "neither"}; set default_scope = \'mmdet\' or \'mmseg\'')
 
 
 def build_model(cfg: Config, device: str = 'cpu', drop_auxiliary_head: bool = True) -> nn.Module:
@@ -76,8 +78,10 @@ def build_model(cfg: Config, device: str = 'cpu', drop_auxiliary_head: bool = Tr
     return model.to(device).eval()
 
 
-def parse_shape(shape: Sequence[int]) -> Tuple[int, int]:
-    """``[S]`` -> (S, S); ``[H, W]`` -> (H, W)."""
+def parse_shape(shape: Optional[Sequence[int]], codebase: str = 'mmdet') -> Tuple[int, int]:
+    """``[S]`` -> (S, S); ``[H, W]`` -> (H, W); None -> the codebase's default."""
+    if not shape:
+        return DEFAULT_SHAPES[codebase]
     shape = tuple(int(s) for s in shape)
     if len(shape) == 1:
         shape = shape * 2

@@ -9,8 +9,9 @@ ops it has handlers for. Two ops that attention layers use have none:
 
 An autograd Function (``prim::PythonOp``, e.g. a kernel with a hand-written backward)
 is counted from the forward ops the tracer records inside it. Everything else the
-InLine kernel and its local residual use is already counted correctly by mmengine: the 4-D ``matmul`` of ``phi(K)^T V`` (``aten::matmul``), the grouped 1x1
-``Conv1d`` of the kernel predictor and the per-sample depthwise ``conv2d`` with
+InLine kernel and its local residual use is already counted correctly by mmengine:
+the 4-D ``matmul`` of ``phi(K)^T V`` (``aten::matmul``), the grouped 1x1 ``Conv1d`` of
+the kernel predictor and the per-sample depthwise ``conv2d`` with
 ``groups = B * C`` (both ``aten::_convolution``: weight ``[out, in / groups, k]`` makes
 the count ``out * in / groups * k * outputs``).
 
@@ -29,7 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 import torch
 import torch.nn as nn
 from mmengine.analysis import FlopAnalyzer, parameter_count
-from mmengine.analysis.jit_handles import get_shape
+from mmengine.analysis.jit_handles import elementwise_flop_counter, get_shape
 
 #: ``aten`` ops the SDPA handler serves; the private variants are what some
 #: backends record, with q, k, v as their first three inputs as well.
@@ -43,16 +44,15 @@ SDPA_OPS = ('aten::scaled_dot_product_attention', 'aten::_scaled_dot_product_att
 UNCOUNTED_ELEMENTWISE_OPS = frozenset({
     'aten::add', 'aten::add_', 'aten::sub', 'aten::sub_', 'aten::mul', 'aten::mul_',
     'aten::div', 'aten::div_', 'aten::rsub', 'aten::neg', 'aten::pow', 'aten::sqrt',
-    'aten::rsqrt', 'aten::exp', 'aten::log', 'aten::sigmoid', 'aten::sigmoid_', 'aten::tanh',
-    'aten::gelu', 'aten::silu', 'aten::silu_', 'aten::leaky_relu', 'aten::leaky_relu_',
-    'aten::hardswish', 'aten::softmax', 'aten::log_softmax', 'aten::mean', 'aten::sum',
-    'aten::max_pool2d', 'aten::avg_pool2d', 'aten::abs', 'aten::where', 'aten::lt', 'aten::le',
-    'aten::ne', 'aten::argmax', 'aten::topk', 'aten::sort', 'aten::min', 'aten::minimum',
-    'aten::maximum', 'aten::clone', 'aten::fill_', 'aten::linspace', 'aten::meshgrid',
-    'aten::repeat', 'aten::expand_as', 'aten::new_ones', 'aten::ones_like', 'aten::zero_',
-    'aten::log2', 'aten::sign', 'aten::round', 'aten::any', 'aten::all', 'aten::masked_select',
-    'aten::index_select', 'aten::repeat_interleave', 'aten::view_as', 'aten::logical_and',
-    'aten::logical_or', 'aten::reciprocal', 'aten::exp_', 'aten::erf', 'aten::pad',
+    'aten::rsqrt', 'aten::exp', 'aten::exp_', 'aten::log', 'aten::log2', 'aten::erf',
+    'aten::sigmoid', 'aten::sigmoid_', 'aten::tanh', 'aten::gelu', 'aten::silu', 'aten::silu_',
+    'aten::leaky_relu', 'aten::leaky_relu_', 'aten::hardswish', 'aten::reciprocal',
+    'aten::abs', 'aten::sign', 'aten::round', 'aten::softmax', 'aten::log_softmax',
+    'aten::mean', 'aten::sum', 'aten::cumsum', 'aten::max_pool2d', 'aten::avg_pool2d',
+    'aten::where', 'aten::lt', 'aten::le', 'aten::ne', 'aten::any', 'aten::all',
+    'aten::logical_and', 'aten::logical_or', 'aten::__or__', 'aten::__xor__',
+    'aten::bitwise_or', 'aten::bitwise_and', 'aten::argmax', 'aten::topk', 'aten::sort',
+    'aten::min', 'aten::minimum', 'aten::maximum',
 })
 
 #: Non-matmul ops of detection heads that mmdet's own get_flops leaves uncounted as well:
@@ -62,8 +62,20 @@ UNCOUNTED_SAMPLING_OPS = frozenset({
     'torchvision::roi_align', 'aten::grid_sampler_2d',
 })
 
+#: Bookkeeping ops (copies, layout, indexing, constants, dropout in eval) that mmengine
+#: does not already ignore.
+ZERO_COST_OPS = frozenset({
+    'aten::lift_fresh', 'aten::lift', 'aten::resolve_conj', 'aten::resolve_neg', 'aten::alias',
+    'aten::detach_', 'aten::as_strided', 'aten::expand', 'aten::expand_as', 'aten::view',
+    'aten::view_as', 'aten::reshape', 'aten::clone', 'aten::repeat', 'aten::repeat_interleave',
+    'aten::pad', 'aten::index_select', 'aten::masked_select', 'aten::fill_', 'aten::zero_',
+    'aten::new_ones', 'aten::ones_like', 'aten::linspace', 'aten::meshgrid',
+    'aten::feature_dropout', 'aten::dropout_', 'aten::alpha_dropout',
+    'aten::feature_alpha_dropout',
+})
+
 #: Every op left out of the count on purpose.
-UNCOUNTED_OPS = UNCOUNTED_ELEMENTWISE_OPS | UNCOUNTED_SAMPLING_OPS
+UNCOUNTED_OPS = UNCOUNTED_ELEMENTWISE_OPS | UNCOUNTED_SAMPLING_OPS | ZERO_COST_OPS
 
 
 def sdpa_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
@@ -87,10 +99,12 @@ def baddbmm_flop_jit(inputs: List[Any], outputs: List[Any]) -> int:
     return b1[0] * b1[1] * b1[2] * b2[2]
 
 
-#: The handlers added to mmengine's defaults.
+#: The handlers added to mmengine's defaults. Bicubic resizing (DeiT's position
+#: embedding at another size) reads 16 inputs per output, as bilinear (4) in mmengine.
 EXTRA_FLOP_HANDLES = {
     **{op: sdpa_flop_jit for op in SDPA_OPS},
     'aten::baddbmm': baddbmm_flop_jit,
+    'aten::upsample_bicubic2d': elementwise_flop_counter(0, 16),
 }
 
 
@@ -102,7 +116,7 @@ class _HandleTable(dict):
     the node (``Subgraph``): a custom kernel written as a Function (e.g. InLine's with
     a hand-written backward) is counted by its real matmuls instead of being skipped.
     Ops inside it that have no handle, and Functions with an opaque body (a C
-    extension: nothing traced inside), are recorded in ``inner_unknown``.
+    extension, numpy: no arithmetic op traced inside), are recorded in ``inner_unknown``.
     Functions listed in :data:`UNCOUNTED_OPS` (NMS, RoIAlign) keep being reported as
     not counted.
     """
@@ -137,7 +151,8 @@ class _HandleTable(dict):
             kind = inner.kind()
             if kind == 'prim::PythonOp':
                 kind = f'{kind}.{inner.pyname()}'
-            if kind.startswith('prim::') and not kind.startswith('prim::PythonOp'):
+            if (kind.startswith('prim::') and not kind.startswith('prim::PythonOp')) or \
+                    kind in self.ignored or kind in ZERO_COST_OPS:
                 continue
             traced_any = True
             if kind in self:
@@ -145,7 +160,7 @@ class _HandleTable(dict):
                 if not isinstance(found, Counter):
                     found = Counter({kind.split('::')[-1]: found})
                 counts += found
-            elif kind not in self.ignored and kind not in UNCOUNTED_OPS:
+            elif kind not in UNCOUNTED_OPS:
                 self.inner_unknown[f'{name}/{kind}'] += 1
         if not traced_any:
             self.inner_unknown[name] += 1  # opaque body: nothing could be counted
@@ -196,7 +211,12 @@ def count_module(model: nn.Module, inputs: Union[torch.Tensor, Tuple[Any, ...]],
         inputs = (inputs, )
     with torch.no_grad():
         analyzer = flop_analyzer(model, inputs)
-        flops = analyzer.total()
+        try:
+            flops = analyzer.total()
+        except RuntimeError as exc:
+            raise RuntimeError(
+                f'counting FLOPs traces the model with torch.jit (mmengine FlopAnalyzer) and '
+                f'the trace of {type(model).__name__} failed: {exc}') from exc
     params = parameter_count(model)
     unsupported = analyzer.unsupported_ops()
     names = dict(model.named_modules())
@@ -212,7 +232,7 @@ def count_module(model: nn.Module, inputs: Union[torch.Tensor, Tuple[Any, ...]],
 
 def module_table(analyzer: FlopAnalyzer, max_depth: int = 3) -> str:
     """mmengine's per-module table of parameters and FLOPs (MACs) up to ``max_depth``."""
-    from mmengine.analysis import complexity_stats_table
+    from mmengine.analysis.print_helper import complexity_stats_table
     return complexity_stats_table(flops=analyzer, max_depth=max_depth, show_param_shapes=False)
 
 

@@ -43,8 +43,11 @@ class _CentredLinearAttention(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, c):
+    def forward(ctx, q, k, v, scale):
+        # the scale is resolved here, not by the caller: a float derived from a
+        # tensor's shape outside the Function breaks torch.jit tracing (FLOP counting)
         n = k.shape[1]
+        c = (q.shape[-1] ** -0.5 if scale is None else scale) / n
         k_mean = k.mean(dim=1, keepdim=True)                       # [G, 1, d]
         v_mean = v.mean(dim=1, keepdim=True)                       # [G, 1, dv]
         # (K - 1 k_mean^T)^T V = K^T V - N k_mean^T v_mean   (exact, d x d only)
@@ -98,10 +101,8 @@ def inline_attention(q: torch.Tensor,
     out_dtype = q.dtype
     dtype = _compute_dtype(out_dtype)
     b, h, nq, _ = q.shape
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v = (t.reshape(b * h, t.shape[2], t.shape[3])
                    for t in (phi(q.to(dtype)), phi(k.to(dtype)), v.to(dtype)))
-        out = _CentredLinearAttention.apply(q, k, v, scale / k.shape[1])
+        out = _CentredLinearAttention.apply(q, k, v, scale)
     return out.view(b, h, nq, v.shape[-1]).to(out_dtype)

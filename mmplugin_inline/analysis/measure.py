@@ -1,0 +1,60 @@
+"""Timing and peak-memory measurement of a callable on CPU or CUDA."""
+import time
+from typing import Callable, List
+
+import torch
+
+
+def synchronize(device) -> None:
+    """Wait for queued CUDA work (no-op on CPU)."""
+    if torch.device(device).type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def time_calls(fn: Callable[[], object], warmup: int, iters: int, device='cpu') -> List[float]:
+    """Seconds of each of ``iters`` calls of ``fn()`` after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def peak_extra_memory(fn: Callable[[], object], device='cpu') -> int:
+    """Peak bytes that tensors allocated during one call of ``fn()`` occupy at once.
+
+    What was allocated before the call (weights, inputs) is not included. On CUDA:
+    the allocator's peak over its level before the call. On CPU: torch's profiler
+    (``profile_memory=True``) records each op's own allocations and frees; they are
+    replayed in time order and the running maximum is taken. Memory outside torch's
+    allocator (Python objects, libraries) is not counted on either device.
+    """
+    device = torch.device(device)
+    if device.type == 'cuda':
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e for e in prof.events() if e.self_cpu_memory_usage),
+                    key=lambda e: e.time_range.start)
+    current = peak = 0
+    for event in events:
+        current += event.self_cpu_memory_usage
+        peak = max(peak, current)
+    return peak
+
+
+def tensor_bytes(module: torch.nn.Module) -> int:
+    """Bytes of a module's parameters and buffers."""
+    return sum(t.numel() * t.element_size()
+               for t in list(module.parameters()) + list(module.buffers()))

@@ -1,0 +1,50 @@
+"""Config files for the tool tests: real mmdet / mmseg bases, InLine backbones, shrunk.
+
+Each function writes a config into a directory and returns its path, so the tools
+are exercised as users run them (``Config.fromfile`` with ``mmdet::`` / ``mmseg::``
+inheritance and ``custom_imports``).
+"""
+import os
+
+PLUGIN = "custom_imports = dict(imports=['mmplugin_inline'], allow_failed_imports=False)\n"
+TINY_PVT = ("dict(type='InLinePVT', init_cfg=None, arch=dict(embed_dims=[16, 32, 48, 64], "
+            "num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 1, 1]))")
+
+
+def _write(directory, name, text):
+    path = os.path.join(str(directory), name)
+    with open(path, 'w') as f:
+        f.write(text)
+    return path
+
+
+def mask_rcnn_inline_pvt_t(directory):
+    """Mask R-CNN 1x COCO with InLine-PVT-T: the full-size model of the short-name config."""
+    return _write(directory, 'mask_rcnn_inline_pvt_t.py', (
+        "_base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'\n" + PLUGIN +
+        "model = dict(\n"
+        "    backbone=dict(_delete_=True, type='InLinePVT', arch='t', init_cfg=None),\n"
+        "    neck=dict(in_channels=[64, 128, 320, 512]))\n"))
+
+
+def tiny_mask_rcnn(directory):
+    """Mask R-CNN with a two-digit-width InLine-PVT and thin neck / heads."""
+    return _write(directory, 'tiny_mask_rcnn.py', (
+        "_base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'\n" + PLUGIN +
+        f"model = dict(\n    backbone=dict(_delete_=True, **{TINY_PVT}),\n"
+        "    neck=dict(in_channels=[16, 32, 48, 64], out_channels=32),\n"
+        "    rpn_head=dict(in_channels=32, feat_channels=32),\n"
+        "    roi_head=dict(\n"
+        "        bbox_roi_extractor=dict(out_channels=32),\n"
+        "        bbox_head=dict(in_channels=32, fc_out_channels=64),\n"
+        "        mask_roi_extractor=dict(out_channels=32),\n"
+        "        mask_head=dict(in_channels=32, conv_out_channels=32)))\n"))
+
+
+def tiny_sem_fpn(directory):
+    """Semantic FPN on ADE20K (150 classes) with a two-digit-width InLine-PVT."""
+    return _write(directory, 'tiny_sem_fpn.py', (
+        "_base_ = 'mmseg::sem_fpn/fpn_r50_4xb4-160k_ade20k-512x512.py'\n" + PLUGIN +
+        f"model = dict(\n    pretrained=None,\n    backbone=dict(_delete_=True, **{TINY_PVT}),\n"
+        "    neck=dict(in_channels=[16, 32, 48, 64], out_channels=32),\n"
+        "    decode_head=dict(in_channels=[32, 32, 32, 32], channels=32))\n"))
