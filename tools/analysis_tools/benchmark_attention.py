@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from mmplugin_inline.analysis.measure import peak_extra_memory, synchronize
 from mmplugin_inline.core import (inline_attention, inline_attention_authors, linear_attention,
                                   softmax_attention, softmax_attention_reference)
 
@@ -61,32 +62,9 @@ def run_once(fn, inputs, backward):
     return out
 
 
-def sync(device):
-    if device.type == 'cuda':
-        torch.cuda.synchronize()
-
-
 def peak_memory(fn, inputs, backward, device):
     """Peak bytes allocated during one call beyond what was allocated before it."""
-    if device.type == 'cuda':
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-        run_once(fn, inputs, backward)
-        torch.cuda.synchronize()
-        return torch.cuda.max_memory_allocated() - base
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run_once(fn, inputs, backward)
-    # each op's own (self) allocations, and '[memory]' entries for frees between ops,
-    # replayed in time order
-    events = sorted((e for e in prof.events() if e.self_cpu_memory_usage),
-                    key=lambda e: e.time_range.start)
-    current = peak = 0
-    for e in events:
-        current += e.self_cpu_memory_usage
-        peak = max(peak, current)
-    return peak
+    return peak_extra_memory(lambda: run_once(fn, inputs, backward), device)
 
 
 def bench_case(impls, batch, heads, hw, d, device, repeats, backward):
@@ -97,10 +75,10 @@ def bench_case(impls, batch, heads, hw, d, device, repeats, backward):
         run_once(fn, inputs, backward)
     for _ in range(repeats):
         for name, fn in impls.items():  # interleaved
-            sync(device)
+            synchronize(device)
             start = time.perf_counter()
             run_once(fn, inputs, backward)
-            sync(device)
+            synchronize(device)
             times[name].append(time.perf_counter() - start)
     result = {}
     for name, fn in impls.items():
