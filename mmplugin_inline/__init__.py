@@ -11,7 +11,7 @@ try:
 except ModuleNotFoundError:  # kernels-only use: ``from mmplugin_inline.core import ...``
     pass
 else:
-    from . import models  # noqa: F401  (registers the models)
+    from . import engine, models  # noqa: F401  (registers the models and hooks)
     from .registry import register_into_codebases
 
     register_into_codebases()

@@ -1,6 +1,6 @@
 """The one place that touches the OpenMMLab registries.
 
-The plugin keeps its own ``MODELS`` registry (scope ``mmplugin_inline``, a child of
+The plugin keeps its own ``MODELS`` and ``HOOKS`` registries (scope ``mmplugin_inline``, a child of
 mmengine's root), so ``type='mmplugin_inline.InLinePVT'`` resolves from any scope.
 :func:`register_into_codebases` also adds every plugin model to mmdet's and mmseg's
 ``MODELS`` (whichever is installed), so configs under ``default_scope='mmdet'`` or
@@ -8,16 +8,20 @@ mmengine's root), so ``type='mmplugin_inline.InLinePVT'`` resolves from any scop
 """
 import importlib
 
+from mmengine.registry import HOOKS as MMENGINE_HOOKS
 from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import Registry
 
 MODELS = Registry('model', parent=MMENGINE_MODELS, scope='mmplugin_inline')
+HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope='mmplugin_inline')
+#: the plugin's registries, by the attribute name the codebases use for theirs
+PLUGIN_REGISTRIES = {'MODELS': MODELS, 'HOOKS': HOOKS}
 
 CODEBASE_REGISTRIES = ('mmdet.registry', 'mmseg.registry')
 
 
 def register_into_codebases() -> list:
-    """Add the plugin's models to the installed codebases' ``MODELS`` registries.
+    """Add the plugin's models and hooks to the installed codebases' registries.
 
     Returns:
         list[str]: the codebase registries that were updated.
@@ -25,18 +29,21 @@ def register_into_codebases() -> list:
     updated = []
     for module_name in CODEBASE_REGISTRIES:
         try:
-            target = importlib.import_module(module_name).MODELS
+            codebase = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
             if exc.name and module_name.startswith(exc.name):
                 continue  # that codebase is not installed
             raise
-        for name, cls in MODELS.module_dict.items():
-            existing = target.module_dict.get(name)
-            if existing is cls:
-                continue
-            if existing is not None:
-                raise KeyError(f'{module_name}.MODELS already has a different {name!r} '
-                               f'({existing.__module__}); mmplugin_inline cannot register its own')
-            target.register_module(name=name, module=cls)
+        for attr, ours in PLUGIN_REGISTRIES.items():
+            target = getattr(codebase, attr)
+            for name, cls in ours.module_dict.items():
+                existing = target.module_dict.get(name)
+                if existing is cls:
+                    continue
+                if existing is not None:
+                    raise KeyError(f'{module_name}.{attr} already has a different {name!r} '
+                                   f'({existing.__module__}); mmplugin_inline cannot register '
+                                   'its own')
+                target.register_module(name=name, module=cls)
         updated.append(module_name)
     return updated
