@@ -1,0 +1,19 @@
+# Mask R-CNN with an InLine-Swin-T backbone (mmdet's Mask R-CNN R-50 FPN otherwise).
+_base_ = 'mmdet::_base_/models/mask-rcnn_r50_fpn.py'
+custom_imports = dict(imports=['mmplugin_inline'], allow_failed_imports=False)
+
+# ImageNet-1K weights released by the InLine authors (see README, "Pretrained weights"),
+# expected at this path relative to the working directory.
+pretrained = 'checkpoints/inline_swin_t.pth'
+model = dict(
+    backbone=dict(
+        _delete_=True,
+        type='InLineSwinTransformer',
+        arch='t',
+        window_size=7,
+        drop_path_rate=0.2,
+        out_indices=(0, 1, 2, 3),
+        out_norm=True,
+        with_cp=False,
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+    neck=dict(in_channels=[96, 192, 384, 768]))

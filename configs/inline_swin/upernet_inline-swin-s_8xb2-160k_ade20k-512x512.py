@@ -1,0 +1,6 @@
+# UperNet, InLine-Swin-S backbone, 160k, ADE20K 512x512: the InLine-Swin-T recipe.
+_base_ = './upernet_inline-swin-t_8xb2-160k_ade20k-512x512.py'
+
+# ImageNet-1K weights released by the InLine authors, expected at this path.
+pretrained = 'checkpoints/inline_swin_s.pth'
+model = dict(backbone=dict(arch='s', init_cfg=dict(checkpoint=pretrained)))

@@ -1,0 +1,225 @@
+"""Check the files a run needs before the runner starts, and say how to get them.
+
+``tools/train.py`` and ``tools/test.py`` call :func:`preflight` after the config is
+final. A missing dataset, pretrained checkpoint or checkpoint to resume from is reported
+as one message -- what is missing, where it was looked for, how to get it -- instead of
+a stack trace from deep inside a dataset class or ``torch.load``.
+"""
+import os.path as osp
+from typing import Iterable, Iterator, List, Optional, Tuple
+
+AUTHORS_PAGE = 'https://github.com/LeapLabTHU/InLine#pretrained-models'
+# The InLine authors' released ImageNet-1K weights (their README), by the file name the
+# configs expect under checkpoints/.
+_TSINGHUA_CLOUD_KEYS = [  # (file name, model, key of its TsinghuaCloud link)
+    ('inline_deit_t.pth', 'InLine-DeiT-T', '1d6b8191ad6d4114b291'),
+    ('inline_deit_s.pth', 'InLine-DeiT-S', '2f3898b07e9247f3beb3'),
+    ('inline_deit_b.pth', 'InLine-DeiT-B', '10bdd726d4b0435eb34e'),
+    ('inline_pvt_t.pth', 'InLine-PVT-T', '90ac52b1555b401eb5e6'),
+    ('inline_pvt_s.pth', 'InLine-PVT-S', '1ab953b2479d433080a3'),
+    ('inline_pvt_m.pth', 'InLine-PVT-M', 'a72aec31e6084bc0a280'),
+    ('inline_pvt_l.pth', 'InLine-PVT-L', 'efd91318ba964f01b288'),
+    ('inline_swin_t.pth', 'InLine-Swin-T', '32810869fcc34410966b'),
+    ('inline_swin_s.pth', 'InLine-Swin-S', 'e9657fd247c04c7cb1a1'),
+    ('inline_swin_b.pth', 'InLine-Swin-B', 'bf23564bb64c420aafe1'),
+    ('inline_cswin_t.pth', 'InLine-CSwin-T', '49fa2ecc543647c4b970'),
+    ('inline_cswin_s.pth', 'InLine-CSwin-S', '59f4e65f776f4052b93c'),
+    ('inline_cswin_b.pth', 'InLine-CSwin-B', '91e17121df284ae38521'),
+]
+RELEASED_WEIGHTS = {name: (model, f'https://cloud.tsinghua.edu.cn/f/{key}/?dl=1')
+                    for name, model, key in _TSINGHUA_CLOUD_KEYS}
+
+SYNTHETIC_HINT = ('For a quick try without the real data, tools/misc/make_shapes_dataset.py '
+                  'generates a small COCO / ADE20K-style set.')
+DATASET_HINTS = {
+    'CocoDataset': (
+        'COCO 2017: download train2017.zip, val2017.zip and annotations_trainval2017.zip from '
+        'https://cocodataset.org/#download and unzip them into data/coco/ '
+        '(data/coco/annotations/instances_train2017.json, data/coco/train2017/, '
+        'data/coco/val2017/).'),
+    'ADE20KDataset': (
+        'ADE20K (SceneParsing, ADEChallengeData2016): download '
+        'http://data.csail.mit.edu/places/ADEchallenge/ADEChallengeData2016.zip and unzip it '
+        'into data/ade/ (data/ade/ADEChallengeData2016/images/training, .../annotations/'
+        'training, ...).'),
+    'CityscapesDataset': (
+        'Cityscapes: register at https://www.cityscapes-dataset.com, download '
+        'leftImg8bit_trainvaltest.zip and gtFine_trainvaltest.zip into data/cityscapes/, '
+        'then make the *_labelTrainIds.png maps with mmsegmentation\'s '
+        '`python tools/dataset_converters/cityscapes.py data/cityscapes --nproc 8`.'),
+}
+DATASET_WRAPPER_KEYS = ('dataset', 'datasets')
+
+
+def _is_remote(path: str) -> bool:
+    return '://' in path or path.startswith('open-mmlab:')
+
+
+def _join(root: Optional[str], path: str) -> str:
+    return path if (not root or osp.isabs(path)) else osp.join(root, path)
+
+
+def _leaf_datasets(cfg) -> Iterator[dict]:
+    """Dataset configs under a dataloader's dataset, through wrappers (Repeat, Concat, ...)."""
+    if isinstance(cfg, (list, tuple)):
+        for item in cfg:
+            yield from _leaf_datasets(item)
+        return
+    if not isinstance(cfg, dict):
+        return
+    inner = [cfg[k] for k in DATASET_WRAPPER_KEYS if k in cfg]
+    if inner:
+        for item in inner:
+            yield from _leaf_datasets(item)
+    else:
+        yield cfg
+
+
+def dataset_paths(dataset: dict) -> List[Tuple[str, str, bool]]:
+    """``(what, path, is_file)`` for the annotation file and data folders of a dataset
+    config, resolved against ``data_root`` the way mmengine's ``BaseDataset`` does."""
+    root = dataset.get('data_root') or ''
+    paths = []
+    if root and not _is_remote(root):
+        paths.append(('data_root', root, False))
+    ann_file = dataset.get('ann_file') or ''
+    if ann_file:
+        paths.append(('ann_file', _join(root, ann_file), True))
+    prefix = dataset.get('data_prefix') or {}
+    if isinstance(prefix, str):
+        prefix = dict(img_path=prefix)
+    for key, value in prefix.items():
+        if value:
+            paths.append((f'data_prefix.{key}', _join(root, value), False))
+    return [(w, p, f) for w, p, f in paths if not _is_remote(p)]
+
+
+def _missing_paths(dataset: dict) -> List[str]:
+    paths = dataset_paths(dataset)
+    if paths and paths[0][0] == 'data_root' and not osp.isdir(paths[0][1]):
+        paths = paths[:1]  # everything else lives under it
+    return [f'{what} {path} ({osp.abspath(path)})' for what, path, is_file in paths
+            if not (osp.isfile(path) if is_file else osp.isdir(path))]
+
+
+def dataset_problems(cfg, dataloaders: Iterable[str]) -> List[str]:
+    """One paragraph per missing dataset of ``dataloaders`` (shared ones named once)."""
+    found = {}  # (dataset type, missing paths, data_root) -> dataloaders
+    for loader_key in dataloaders:
+        loader = cfg.get(loader_key)
+        if not loader:
+            continue
+        for dataset in _leaf_datasets(loader.get('dataset')):
+            missing = _missing_paths(dataset)
+            if missing:
+                key = (dataset.get('type', 'dataset'), tuple(missing),
+                       dataset.get('data_root') or '')
+                found.setdefault(key, []).append(loader_key)
+    problems = []
+    for (kind, missing, root), loaders in found.items():
+        hint = DATASET_HINTS.get(kind, 'See the mmdetection / mmsegmentation dataset '
+                                       'preparation guides.')
+        elsewhere = (f'link it into place (`ln -s /path/to/it {root.rstrip("/")}`) or ' if root
+                     else '') + 'set the paths in your config'
+        problems.append(
+            f'The {kind} data of {" and ".join(loaders)} is missing: ' + '; '.join(missing) +
+            f' not found. How to get it: {hint} If you have it elsewhere, {elsewhere}. '
+            f'{SYNTHETIC_HINT}')
+    return problems
+
+
+def evaluator_problems(cfg, evaluators: Iterable[str]) -> List[str]:
+    """Paragraphs for missing annotation files of evaluators (e.g. CocoMetric's ann_file)."""
+    problems = []
+    for key in evaluators:
+        node = cfg.get(key)
+        for metric in (node if isinstance(node, (list, tuple)) else [node]):
+            path = metric.get('ann_file') if isinstance(metric, dict) else None
+            if path and not _is_remote(path) and not osp.isfile(path):
+                problems.append(f'The annotation file of {key} ({metric.get("type")}), {path} '
+                                f'({osp.abspath(path)}), is missing: it comes with the dataset '
+                                '(see above), or set ann_file in your config.')
+    return problems
+
+
+def _pretrained_entries(node, where: str) -> Iterator[Tuple[str, str]]:
+    """``(config key, checkpoint path)`` of every ``Pretrained`` init_cfg under ``node``."""
+    if isinstance(node, dict):
+        init_cfg = node.get('init_cfg')
+        for init in (init_cfg if isinstance(init_cfg, (list, tuple)) else [init_cfg]):
+            if isinstance(init, dict) and init.get('type') == 'Pretrained' \
+                    and init.get('checkpoint'):
+                yield f'{where}.init_cfg.checkpoint', str(init['checkpoint'])
+        pretrained = node.get('pretrained')
+        if isinstance(pretrained, str):
+            yield f'{where}.pretrained', pretrained
+        for key, value in node.items():
+            if key != 'init_cfg':
+                yield from _pretrained_entries(value, f'{where}.{key}')
+    elif isinstance(node, (list, tuple)):
+        for i, value in enumerate(node):
+            yield from _pretrained_entries(value, f'{where}.{i}')
+
+
+def weights_hint(path: str) -> str:
+    """How to get the pretrained weights expected at ``path``."""
+    name = osp.basename(path)
+    if name in RELEASED_WEIGHTS:
+        model, url = RELEASED_WEIGHTS[name]
+        return (f'download the {model} ImageNet-1K weights released by the InLine authors '
+                f'({AUTHORS_PAGE}): `mkdir -p {osp.dirname(path) or "."} && wget -O {path} '
+                f'"{url}"`')
+    return f'put the checkpoint there (the InLine authors publish theirs at {AUTHORS_PAGE})'
+
+
+def checkpoint_problems(cfg, check_pretrained: bool = True) -> List[str]:
+    """Paragraphs for missing local checkpoints: pretrained weights named in the model
+    (when ``check_pretrained``) and ``load_from``."""
+    problems = []
+    if check_pretrained:
+        for key, path in _pretrained_entries(cfg.get('model'), 'model'):
+            if _is_remote(path) or osp.isfile(path):
+                continue
+            problems.append(
+                f'The pretrained weights {path} ({osp.abspath(path)}, set by {key}) are '
+                f'missing. How to get them: {weights_hint(path)}. To train from scratch '
+                f'instead: --cfg-options {key.rsplit(".checkpoint", 1)[0]}=None.')
+    load_from = cfg.get('load_from')
+    if load_from and not _is_remote(str(load_from)) and not osp.isfile(load_from):
+        what = 'resume from' if cfg.get('resume') else 'load'
+        problems.append(f'The checkpoint to {what}, {load_from} ({osp.abspath(load_from)}), '
+                        'does not exist. Check the path (a training run writes them into its '
+                        'work directory, e.g. work_dirs/CONFIG_NAME/epoch_12.pth).')
+    return problems
+
+
+def _data_problems(cfg, loaders, evaluators) -> List[str]:
+    # an evaluator's annotation file normally comes with the dataset: one message is enough
+    return dataset_problems(cfg, loaders) or evaluator_problems(cfg, evaluators)
+
+
+def preflight(cfg, mode: str) -> List[str]:
+    """Problems that would stop a run of ``mode`` ('train' or 'test'); empty when none.
+
+    'train' checks the training data, the validation data (when a validation loop is
+    configured), the pretrained weights and ``load_from`` / the resume checkpoint; 'test'
+    checks the test data and the checkpoint to test (pretrained weights are not used).
+    """
+    if mode == 'train':
+        loaders = ['train_dataloader']
+        if cfg.get('val_cfg') is not None and cfg.get('val_evaluator') is not None:
+            loaders.append('val_dataloader')
+        evaluators = ['val_evaluator'] if 'val_dataloader' in loaders else []
+        return _data_problems(cfg, loaders, evaluators) + checkpoint_problems(cfg)
+    if mode == 'test':
+        return (_data_problems(cfg, ['test_dataloader'], ['test_evaluator']) +
+                checkpoint_problems(cfg, check_pretrained=False))
+    raise ValueError(f"mode must be 'train' or 'test', not {mode!r}")
+
+
+def format_problems(problems: List[str]) -> str:
+    """The text the tools print (one paragraph per problem)."""
+    head = 'Cannot start: a file the run needs is missing.' if len(problems) == 1 else \
+        f'Cannot start: {len(problems)} things the run needs are missing.'
+    return '\n'.join([head] + [f'- {p}' for p in problems])
+

@@ -1,0 +1,383 @@
+"""The tools end to end on CPU: the synthetic data set, train / resume / test with real
+mmdet and mmseg pipelines, 2-process distributed training, safe checkpoint loading and
+the messages for missing files. Runs of tools/ are subprocesses, as users run them."""
+import glob
+import importlib.util
+import json
+import os
+import os.path as osp
+import pickle
+import socket
+import subprocess
+import sys
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from mmplugin_inline.checkpoint import UnsafeCheckpointError
+from mmplugin_inline.utils.preflight import dataset_problems, format_problems, preflight
+from mmplugin_inline.utils.safe_load import load_local_checkpoint, mmengine_checkpoint_loading
+from tiny_models import REPO, SHAPES, det_run_config, seg_run_config
+
+PYTHON = sys.executable
+DET_CONFIG = osp.join(REPO, 'configs/inline_pvt/mask-rcnn_inline-pvt-t_fpn_1x_coco.py')
+SEG_CONFIG = osp.join(REPO, 'configs/inline_swin/upernet_inline-swin-t_8xb2-160k_ade20k-512x512.py')
+
+
+def _load_script(relpath):
+    spec = importlib.util.spec_from_file_location(osp.basename(relpath)[:-3],
+                                                  osp.join(REPO, relpath))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+make_shapes = _load_script('tools/misc/make_shapes_dataset.py')
+
+
+def run_tool(args, cwd=REPO, timeout=300, env=None):
+    """Run a tool as a subprocess; return (returncode, stdout + stderr, stderr)."""
+    full_env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS='2')
+    full_env.update(env or {})
+    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env=full_env)
+    return proc.returncode, proc.stdout + proc.stderr, proc.stderr
+
+
+def _ok(rc, out):
+    assert rc == 0, out[-6000:]
+
+
+def _scalars(work_dir):
+    """Every line logged to WORK_DIR/*/vis_data/scalars.json, in order."""
+    lines = []
+    for path in sorted(glob.glob(osp.join(work_dir, '*', 'vis_data', 'scalars.json'))):
+        with open(path) as f:
+            lines += [json.loads(line) for line in f if line.strip()]
+    return lines
+
+
+def _checkpoint_meta(path):
+    return load_local_checkpoint(path)['meta']
+
+
+# --------------------------------------------------------------------------- data set
+
+@pytest.fixture(scope='module')
+def shapes(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp('shapes'))
+    assert make_shapes.main([out, '--train', '4', '--val', '2', '--min-size', '64',
+                             '--max-size', '96', '--seed', '3']) == 0
+    return out
+
+
+def _tree_bytes(root):
+    result = {}
+    for path in sorted(glob.glob(osp.join(root, '**', '*'), recursive=True)):
+        if osp.isfile(path):
+            with open(path, 'rb') as f:
+                result[osp.relpath(path, root)] = f.read()
+    return result
+
+
+def test_shapes_dataset_is_deterministic_and_seeded(tmp_path):
+    args = ['--train', '3', '--val', '2', '--min-size', '48', '--max-size', '80']
+    make_shapes.main([str(tmp_path / 'a')] + args)
+    make_shapes.main([str(tmp_path / 'b')] + args)
+    make_shapes.main([str(tmp_path / 'c')] + args + ['--seed', '1'])
+    a, b, c = (_tree_bytes(str(tmp_path / n)) for n in 'abc')
+    assert len(a) == 3 + 2 + 3 + 2 + 2 + 1  # images, label maps, 2 json, dataset_info
+    assert a == b
+    assert a.keys() == c.keys() and a['images/training/000000.jpg'] != \
+        c['images/training/000000.jpg']
+    # a smaller set is a prefix of a larger one, and a rerun leaves no stale files
+    make_shapes.main([str(tmp_path / 'a'), '--train', '1', '--val', '1', '--min-size', '48',
+                      '--max-size', '80'])
+    smaller = _tree_bytes(str(tmp_path / 'a'))
+    assert sorted(k for k in smaller if k.endswith('.jpg')) == [
+        'images/training/000000.jpg', 'images/validation/000000.jpg']
+    assert smaller['images/training/000000.jpg'] == a['images/training/000000.jpg']
+
+
+@pytest.mark.parametrize('mask_format', ['polygon', 'rle'])
+def test_shapes_coco_masks_agree_with_the_ade_label_maps(tmp_path, mask_format):
+    from pycocotools.coco import COCO
+    out = str(tmp_path / 'shapes')
+    make_shapes.main([out, '--train', '6', '--val', '1', '--min-size', '60', '--max-size', '90',
+                      '--min-shapes', '2', '--max-shapes', '3', '--classes', 'star', 'circle',
+                      '--mask-format', mask_format])
+    coco = COCO(osp.join(out, 'annotations/instances_training.json'))
+    assert [c['name'] for c in coco.loadCats(coco.getCatIds())] == ['star', 'circle']
+    for image_id, info in coco.imgs.items():
+        assert 60 <= info['height'] <= 90 and 60 <= info['width'] <= 90
+        img = cv2.imread(osp.join(out, 'images/training', info['file_name']))
+        assert img.shape[:2] == (info['height'], info['width'])
+        label_map = cv2.imread(osp.join(out, 'annotations/training',
+                                        info['file_name'].replace('.jpg', '.png')), 0)
+        anns = coco.loadAnns(coco.getAnnIds(imgIds=[image_id]))
+        assert 1 <= len(anns) <= 3
+        drawn = np.zeros_like(label_map)
+        for ann in anns:
+            assert isinstance(ann['segmentation'], list if mask_format == 'polygon' else dict)
+            mask = coco.annToMask(ann).astype(bool)
+            x, y, w, h = ann['bbox']
+            assert mask.sum() == ann['area'] and w > 0 and h > 0
+            assert mask[int(y):int(y + h), int(x):int(x + w)].sum() == mask.sum()
+            # the label map holds the category id (0 = background) under the mask
+            agree = (label_map[mask] == ann['category_id']).mean()
+            assert agree == 1.0
+            drawn[mask] = ann['category_id']
+        assert set(np.unique(label_map)) <= {0, 1, 2}
+        assert (drawn == label_map).all()
+
+
+def test_shapes_noisy_fraction_switches_the_background(tmp_path):
+    def background_std(noisy):
+        out = str(tmp_path / f'n{noisy}')
+        make_shapes.main([out, '--train', '3', '--val', '0', '--noisy', str(noisy),
+                          '--formats', 'ade'])
+        stds = []
+        for name in sorted(os.listdir(osp.join(out, 'images/training'))):
+            img = cv2.imread(osp.join(out, 'images/training', name)).astype(float)
+            label = cv2.imread(osp.join(out, 'annotations/training',
+                                        name.replace('.jpg', '.png')), 0)
+            bg = cv2.erode((label == 0).astype(np.uint8), np.ones((7, 7), np.uint8)) > 0
+            stds.append(img[bg].std(axis=0).mean())
+        assert not osp.exists(osp.join(out, 'annotations/instances_training.json'))
+        return max(stds), min(stds)
+    assert background_std(0)[0] < 3  # plain colour (JPEG noise only)
+    assert background_std(1)[1] > 8
+
+
+# --------------------------------------------------------------------------- safe loading
+
+class _RunsCode:
+    """Unpickling this runs code (here: writes a marker file)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return exec, (f'open({self.marker!r}, "w").write("ran")',)
+
+
+def _mmengine_like_checkpoint(path):
+    from mmengine.logging import MessageHub
+    hub = MessageHub.get_instance('test_safe_load')
+    hub.update_scalar('train/loss', np.float64(0.5))
+    hub.update_scalar('train/loss', 0.25)
+    hub.update_info('best_score', np.float32(0.7))
+    torch.save(dict(meta=dict(epoch=1, iter=3, dataset_meta=dict(classes=SHAPES)),
+                    state_dict={'w': torch.ones(2)}, message_hub=hub.state_dict()), path)
+
+
+def test_mmengine_checkpoints_need_the_allow_list_and_load_with_it(tmp_path):
+    path = str(tmp_path / 'run.pth')
+    _mmengine_like_checkpoint(path)
+    with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer|numpy|getattr'):
+        torch.load(path, weights_only=True)  # what mmengine 0.10.7 gets on torch >= 2.6
+    ckpt = load_local_checkpoint(path)
+    buffer = ckpt['message_hub']['log_scalars']['train/loss']
+    assert buffer.mean() == pytest.approx(0.375) and buffer.current() == 0.25
+    assert ckpt['message_hub']['runtime_info']['best_score'] == np.float32(0.7)
+    with pytest.raises(pickle.UnpicklingError):  # the allow-list was scoped
+        torch.load(path, weights_only=True)
+
+
+def test_files_that_run_code_are_refused_unless_opted_in(tmp_path):
+    marker = str(tmp_path / 'marker')
+    path = str(tmp_path / 'evil.pth')
+    torch.save({'state_dict': {'w': torch.ones(1)}, 'extra': _RunsCode(marker)}, path)
+    with pytest.raises(UnsafeCheckpointError, match='exec.*--allow-unsafe'):
+        load_local_checkpoint(path)
+    with mmengine_checkpoint_loading(), pytest.raises(UnsafeCheckpointError):
+        from mmengine.runner.checkpoint import _load_checkpoint
+        _load_checkpoint(path)  # mmengine's own entry point, inside the scope
+    assert not osp.exists(marker)
+    load_local_checkpoint(path, allow_unsafe=True)  # the explicit opt-in
+    assert open(marker).read() == 'ran'
+
+
+def test_only_history_buffer_methods_are_reachable_through_getattr(tmp_path):
+    from mmengine.logging.history_buffer import HistoryBuffer
+
+    class Sneaky:
+        def __reduce__(self):
+            return getattr, (HistoryBuffer, '_set_default_statistics')
+
+    path = str(tmp_path / 'sneaky.pth')
+    torch.save({'x': Sneaky()}, path)
+    with pytest.raises(UnsafeCheckpointError):
+        load_local_checkpoint(path)
+
+
+def test_pretrained_weights_that_run_code_are_refused(tmp_path):
+    """The other path: backbone init_cfg=Pretrained loads third-party files."""
+    from mmplugin_inline.models import InLinePVT
+    from tiny_models import TINY_BACKBONES
+    marker = str(tmp_path / 'marker')
+    path = str(tmp_path / 'pretrained.pth')
+    torch.save({'model': {'pos_embed1': torch.zeros(1)}, 'x': _RunsCode(marker)}, path)
+    model = InLinePVT(arch=TINY_BACKBONES['InLinePVT'][0],
+                      init_cfg=dict(type='Pretrained', checkpoint=path))
+    with pytest.raises(UnsafeCheckpointError, match='allow_unsafe'):
+        model.init_weights()
+    assert not osp.exists(marker)
+
+
+# --------------------------------------------------------------------------- preflight
+
+def test_preflight_names_each_missing_path_through_dataset_wrappers(tmp_path):
+    from mmengine.config import Config
+    (tmp_path / 'root' / 'imgs').mkdir(parents=True)
+    cfg = Config(dict(
+        train_dataloader=dict(dataset=dict(type='RepeatDataset', times=2, dataset=dict(
+            type='CocoDataset', data_root=str(tmp_path / 'root'), ann_file='ann.json',
+            data_prefix=dict(img='imgs/')))),
+        val_dataloader=dict(dataset=dict(type='ADE20KDataset', data_root=str(tmp_path / 'no'),
+                                         data_prefix=dict(img_path='images/validation'))),
+        val_cfg=dict(type='ValLoop'), val_evaluator=dict(type='IoUMetric'),
+        model=dict(backbone=dict(init_cfg=dict(type='Pretrained',
+                                               checkpoint='checkpoints/inline_swin_b.pth'))),
+        load_from='s3://bucket/remote.pth'))
+    problems = preflight(cfg, 'train')
+    assert len(problems) == 3, problems
+    coco, ade, weights = problems
+    assert 'ann.json' in coco and 'imgs' not in coco.split('How to get it')[0]
+    assert 'cocodataset.org' in coco and f"ln -s /path/to/it {tmp_path / 'root'}" in coco
+    assert str(tmp_path / 'no') in ade and 'ADEChallengeData2016' in ade
+    assert 'InLine-Swin-B' in weights and 'cloud.tsinghua.edu.cn' in weights
+    assert 'model.backbone.init_cfg=None' in weights
+    (tmp_path / 'root' / 'ann.json').write_text('{}')
+    assert len(dataset_problems(cfg, ['train_dataloader'])) == 0
+    # once the data is there, a missing evaluator annotation file is named
+    cfg.val_dataloader = cfg.train_dataloader
+    cfg.val_evaluator = dict(type='CocoMetric', ann_file=str(tmp_path / 'val.json'))
+    problems = preflight(cfg, 'train')
+    assert len(problems) == 2 and 'val.json' in problems[0]
+    # test mode: the test data and the checkpoint, not the pretrained weights
+    cfg.load_from = str(tmp_path / 'missing.pth')
+    cfg.test_dataloader = cfg.train_dataloader
+    problems = preflight(cfg, 'test')
+    assert len(problems) == 1 and 'missing.pth' in problems[0]
+    assert format_problems(problems).startswith('Cannot start')
+
+
+@pytest.mark.slow
+def test_train_and_test_explain_missing_data_and_weights_without_a_traceback(tmp_path):
+    # run from an empty directory: data/coco/ and checkpoints/ are not there
+    rc, out, err = run_tool([PYTHON, osp.join(REPO, 'tools/train.py'),
+                             osp.join(REPO, 'configs/mask_rcnn_inline_pvt.py')], cwd=tmp_path)
+    assert rc == 1 and 'Traceback' not in out
+    assert 'data/coco/' in err and 'cocodataset.org' in err
+    assert 'checkpoints/inline_pvt_t.pth' in err and 'cloud.tsinghua.edu.cn' in err
+    rc, out, err = run_tool([PYTHON, osp.join(REPO, 'tools/test.py'), SEG_CONFIG, 'nope.pth'],
+                            cwd=tmp_path)
+    assert rc == 1 and 'Traceback' not in out
+    assert 'ADEChallengeData2016' in err and 'nope.pth' in err
+    assert 'inline_swin_t.pth' not in err  # testing does not need the ImageNet weights
+    assert not os.listdir(tmp_path)  # nothing was started
+
+
+# --------------------------------------------------------------------------- end to end
+
+@pytest.mark.slow
+def test_mask_rcnn_train_resume_and_test(shapes, tmp_path):
+    config = tmp_path / 'mask-rcnn_tiny.py'
+    config.write_text(det_run_config(DET_CONFIG, shapes + '/'))
+    work = str(tmp_path / 'work')
+    train = [PYTHON, osp.join(REPO, 'tools/train.py'), str(config), '--work-dir', work]
+
+    rc, out, _ = run_tool(train)  # 1 epoch: 4 images, batch 2
+    _ok(rc, out)
+    assert _checkpoint_meta(osp.join(work, 'epoch_1.pth'))['iter'] == 2
+    val = [s for s in _scalars(work) if 'coco/bbox_mAP' in s]
+    assert len(val) == 1 and 'coco/segm_mAP' in val[0]
+
+    rc, out, _ = run_tool(train + ['--resume', osp.join(work, 'epoch_1.pth'),
+                                   '--cfg-options', 'train_cfg.max_epochs=2'])
+    _ok(rc, out)
+    assert 'resumed epoch: 1, iter: 2' in out
+    meta = _checkpoint_meta(osp.join(work, 'epoch_2.pth'))
+    assert (meta['epoch'], meta['iter']) == (2, 4)
+    assert meta['dataset_meta']['classes'] == SHAPES
+
+    test_dir = str(tmp_path / 'test')
+    rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/test.py'), str(config),
+                           osp.join(work, 'epoch_2.pth'), '--work-dir', test_dir,
+                           '--show-dir', 'pictures', '--out', str(tmp_path / 'preds.pkl')])
+    _ok(rc, out)
+    metrics_files = glob.glob(osp.join(test_dir, '*', '2*.json'))
+    assert len(metrics_files) == 1
+    with open(metrics_files[0]) as f:
+        metrics = json.load(f)
+    assert {'coco/bbox_mAP', 'coco/segm_mAP', 'coco/bbox_mAP_50'} <= metrics.keys()
+    assert len(glob.glob(osp.join(test_dir, '*', 'pictures', '*.jpg'))) == 2
+    with open(tmp_path / 'preds.pkl', 'rb') as f:
+        assert len(pickle.load(f)) == 2
+
+
+@pytest.mark.slow
+def test_upernet_train_auto_resume_and_test(shapes, tmp_path):
+    config = tmp_path / 'upernet_tiny.py'
+    config.write_text(seg_run_config(SEG_CONFIG, shapes))
+    work = str(tmp_path / 'work')
+    train = [PYTHON, osp.join(REPO, 'tools/train.py'), str(config), '--work-dir', work]
+
+    rc, out, _ = run_tool(train)  # 2 iterations, validation, checkpoint
+    _ok(rc, out)
+    assert _checkpoint_meta(osp.join(work, 'iter_2.pth'))['iter'] == 2
+    assert [s['mIoU'] for s in _scalars(work) if 'mIoU' in s]
+
+    # --resume without a path: the latest checkpoint of the work directory
+    rc, out, _ = run_tool(train + ['--resume', '--cfg-options', 'train_cfg.max_iters=4',
+                                   'default_hooks.checkpoint.interval=4'])
+    _ok(rc, out)
+    assert 'resumed epoch: 0, iter: 2' in out
+    assert _checkpoint_meta(osp.join(work, 'iter_4.pth'))['iter'] == 4
+
+    test_dir = str(tmp_path / 'test')
+    rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/test.py'), str(config),
+                           osp.join(work, 'iter_4.pth'), '--work-dir', test_dir])
+    _ok(rc, out)
+    with open(glob.glob(osp.join(test_dir, '*', '2*.json'))[0]) as f:
+        metrics = json.load(f)
+    assert {'mIoU', 'aAcc', 'mAcc'} <= metrics.keys() and 0 <= metrics['mIoU'] <= 100
+
+
+@pytest.mark.slow
+def test_load_from_a_file_that_runs_code_is_refused_by_train(shapes, tmp_path):
+    marker = str(tmp_path / 'marker')
+    evil = str(tmp_path / 'evil.pth')
+    torch.save({'state_dict': {}, 'x': _RunsCode(marker)}, evil)
+    config = tmp_path / 'mask-rcnn_tiny.py'
+    config.write_text(det_run_config(DET_CONFIG, shapes + '/'))
+    rc, out, err = run_tool([PYTHON, osp.join(REPO, 'tools/train.py'), str(config),
+                             '--work-dir', str(tmp_path / 'work'),
+                             '--cfg-options', f'load_from={evil}'])
+    assert rc == 1 and 'Traceback' not in err
+    assert 'builtins.exec' in err and '--allow-unsafe' in err
+    assert not osp.exists(marker)
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_dist_train_with_two_cpu_processes(shapes, tmp_path):
+    config = tmp_path / 'mask-rcnn_tiny.py'
+    config.write_text(det_run_config(DET_CONFIG, shapes + '/', batch_size=1))
+    work = str(tmp_path / 'work')
+    rc, out, _ = run_tool(['bash', osp.join(REPO, 'tools/dist_train.sh'), str(config), '2',
+                           '--work-dir', work],
+                          env=dict(PYTHON=PYTHON, PORT=str(_free_port()), OMP_NUM_THREADS='1'))
+    _ok(rc, out)
+    assert 'Distributed training: True' in out
+    # 4 images, 1 per process and step: 2 steps per epoch with 2 processes (4 with one)
+    assert 'Epoch(train) [1][2/2]' in out
+    assert _checkpoint_meta(osp.join(work, 'epoch_1.pth'))['iter'] == 2
