@@ -7,6 +7,7 @@ import torch
 import torch.nn as nn
 from mmengine.evaluator import BaseMetric
 from mmengine.model import BaseModel
+from mmengine.registry import DefaultScope
 from mmengine.runner import Runner
 
 import mmplugin_inline  # noqa: F401
@@ -41,6 +42,12 @@ def _loader():
 
 
 def test_run_stops_at_the_budget_then_validates(tmp_path):
+    # the Runner makes 'mmengine' the current default scope; restore it afterwards
+    with DefaultScope.overwrite_default_scope('mmengine'):
+        _run_with_budget(tmp_path)
+
+
+def _run_with_budget(tmp_path):
     val_loader = dict(_loader(), sampler=dict(type='DefaultSampler', shuffle=False))
     runner = Runner(
         model=_Slow(), work_dir=str(tmp_path), train_dataloader=_loader(),
