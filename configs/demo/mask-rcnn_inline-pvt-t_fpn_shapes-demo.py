@@ -9,7 +9,7 @@ data_root = 'data/shapes_demo/'
 metainfo = dict(classes=('circle', 'square', 'triangle'),
                 palette=[(220, 20, 60), (0, 128, 255), (0, 160, 0)])
 img_scale = (192, 192)
-train_budget_s = 690  # seconds of training (intermediate validations included)
+train_budget_s = 780  # seconds of training (intermediate validations included)
 
 model = dict(
     backbone=dict(init_cfg=None),  # no ImageNet weights here: trained from scratch
@@ -64,7 +64,7 @@ optim_wrapper = dict(
     optimizer=dict(lr=5e-4, weight_decay=0.05),
     clip_grad=dict(max_norm=1.0, norm_type=2))
 param_scheduler = []
-custom_hooks = [dict(type='TimeBudgetHook', budget_s=train_budget_s, warmup_iters=100)]
+custom_hooks = [dict(type="TimeBudgetHook", budget_s=train_budget_s, warmup_iters=100)]
 train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=5000, val_interval=250)
 val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
