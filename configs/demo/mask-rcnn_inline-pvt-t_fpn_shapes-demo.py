@@ -9,7 +9,7 @@ data_root = 'data/shapes_demo/'
 metainfo = dict(classes=('circle', 'square', 'triangle'),
                 palette=[(220, 20, 60), (0, 128, 255), (0, 160, 0)])
 img_scale = (192, 192)
-train_budget_s = 780  # seconds of training (intermediate validations included)
+train_budget_s = 690  # seconds of training (intermediate validations included)
 
 model = dict(
     backbone=dict(init_cfg=None),  # no ImageNet weights here: trained from scratch
