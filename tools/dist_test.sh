@@ -11,21 +11,4 @@ if [ $# -lt 3 ]; then
     echo "usage: $0 CONFIG CHECKPOINT NUM_PROCS [tools/test.py options...]" >&2
     exit 2
 fi
-CONFIG=$1
-CHECKPOINT=$2
-NPROC=$3
-NNODES=${NNODES:-1}
-NODE_RANK=${NODE_RANK:-0}
-PORT=${PORT:-29500}
-MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
-PYTHON=${PYTHON:-python}
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-
-PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
-"$PYTHON" -m torch.distributed.run \
-    --nnodes="$NNODES" \
-    --node_rank="$NODE_RANK" \
-    --master_addr="$MASTER_ADDR" \
-    --master_port="$PORT" \
-    --nproc_per_node="$NPROC" \
-    "$ROOT/tools/test.py" "$CONFIG" "$CHECKPOINT" --launcher pytorch "${@:4}"
+exec bash "$(dirname "$0")/dist_launch.sh" "$3" test.py "$1" "$2" "${@:4}"

@@ -11,20 +11,4 @@ if [ $# -lt 2 ]; then
     echo "usage: $0 CONFIG NUM_PROCS [tools/train.py options...]" >&2
     exit 2
 fi
-CONFIG=$1
-NPROC=$2
-NNODES=${NNODES:-1}
-NODE_RANK=${NODE_RANK:-0}
-PORT=${PORT:-29500}
-MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
-PYTHON=${PYTHON:-python}
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-
-PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
-"$PYTHON" -m torch.distributed.run \
-    --nnodes="$NNODES" \
-    --node_rank="$NODE_RANK" \
-    --master_addr="$MASTER_ADDR" \
-    --master_port="$PORT" \
-    --nproc_per_node="$NPROC" \
-    "$ROOT/tools/train.py" "$CONFIG" --launcher pytorch "${@:3}"
+exec bash "$(dirname "$0")/dist_launch.sh" "$2" train.py "$1" "${@:3}"
