@@ -3,8 +3,6 @@ import json
 import os
 import sys
 
-import pytest
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'tools', 'analysis_tools'))
 import benchmark_attention  # noqa: E402
 import injectivity  # noqa: E402

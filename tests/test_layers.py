@@ -1,7 +1,6 @@
 """Attention layers against token-by-token references on odd, padded sizes."""
 import pytest
 import torch
-import torch.nn.functional as F
 
 from mmplugin_inline.core import inline_attention_reference, local_residual_reference
 from mmplugin_inline.models.layers import (CSWinBranch, GlobalAttention, WindowAttention,

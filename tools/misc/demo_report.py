@@ -76,6 +76,7 @@ def grid(images, columns=2, pad=4):
 
 def detection_pictures(cfg, checkpoint, num, score_thr):
     import mmcv
+    import numpy as np
     import torch
     from mmdet.apis import inference_detector, init_detector
     from mmdet.registry import DATASETS, VISUALIZERS
@@ -98,7 +99,7 @@ def detection_pictures(cfg, checkpoint, num, score_thr):
         inst = [x for x in info['instances'] if not x.get('ignore_flag', 0)]
         gt.bboxes = torch.tensor([x['bbox'] for x in inst], dtype=torch.float32).reshape(-1, 4)
         gt.labels = torch.tensor([x['bbox_label'] for x in inst], dtype=torch.long)
-        gt.masks = PolygonMasks([[__import__('numpy').array(p) for p in x['mask']] for x in inst],
+        gt.masks = PolygonMasks([[np.array(p) for p in x['mask']] for x in inst],
                                 image.shape[0], image.shape[1])
         sample = DetDataSample()
         sample.gt_instances = gt

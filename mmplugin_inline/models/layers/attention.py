@@ -10,7 +10,7 @@ Parameter names follow the authors' released checkpoints (``qkv`` or ``q`` / ``k
 ``proj``, ``residual``, ``relative_position_bias_table``, ``get_v``, ``sr``) so that
 their weights load with few renames.
 """
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -263,7 +263,6 @@ class WindowAttention(GlobalAttention):
 
     def _softmax_windows(self, q, k, v, mask, batch):
         """Softmax per window with relative position bias and the window mask."""
-        n_win = q.shape[0] // batch
         bias = None
         if self.use_rel_pos:
             bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]

@@ -1,5 +1,5 @@
 """The transformer block shared by every family; the attention module is an argument."""
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 import torch.nn as nn
