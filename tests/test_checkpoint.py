@@ -110,8 +110,7 @@ def test_offline_converter_cli(family, tmp_path):
     assert 'checkpoint' in res.stdout and 'head.weight' in res.stdout
     converted = torch.load(dst, weights_only=True)
     assert not any(k.startswith('head.') for k in converted['state_dict'])
-    kw = {} if family == 'pvt' else dict(out_norm=False)
-    outs, fx = _outputs(family, dst, **kw)
+    outs, fx = _outputs(family, dst, out_norm=False)
     for ours, theirs in zip(outs, fx['cases'][0]['stage_outputs']):
         assert (ours - theirs).abs().max() <= 1e-4
 

@@ -56,7 +56,7 @@ def pvt_sra_attention_macs(n, m, c, sr):
             + softmax_core_macs(n, m, c) + n * c * c)
 
 
-def pvt_backbone_macs(arch, block_types, hw, pretrain_img_size=224):
+def pvt_backbone_macs(arch, block_types, hw, pretrain_img_size=224, out_norm=True):
     """The whole InLine-PVT backbone on an H x W input (H, W multiples of 32)."""
     h_in, w_in = hw
     total, c_prev = 0, 3
@@ -78,6 +78,8 @@ def pvt_backbone_macs(arch, block_types, hw, pretrain_img_size=224):
                 m = (h // sr) * (w // sr)
                 total += (pvt_sra_attention_macs(n, m, c, sr) if sr > 1 else
                           4 * n * c * c + softmax_core_macs(n, n, c))
+        if out_norm:
+            total += 5 * n * c                                      # the output's LN
         c_prev = c
     return total
 

@@ -26,6 +26,12 @@ class InLinePVT(InLineBackbone):
     and values at full resolution; 'S' blocks are PVT's softmax spatial-reduction
     attention (sr ratios [8, 4, 2, 1]).
 
+    Unlike the authors' classifier, each output gets a LayerNorm by default (as in
+    PVTv2 and Swin for detection). Without it the residual stream of the last stages
+    grows during training from scratch until the FPN's outputs are hundreds of times
+    larger than a normed backbone's, and Mask R-CNN does not learn (see README, demo).
+    The released checkpoints have no such norms: they start at weight 1, bias 0.
+
     Args:
         arch (str | dict): 't', 's', 'm', 'l' or a dict with ``embed_dims``,
             ``num_heads``, ``mlp_ratios``, ``depths`` (``sr_ratios`` optional).
@@ -38,6 +44,8 @@ class InLinePVT(InLineBackbone):
         drop_rate (float): dropout after position embedding and in MLPs. Default: 0.
         drop_path_rate (float): stochastic depth, linear over blocks. Default: 0.1.
         out_indices (Sequence[int]): stages to output. Default: (0, 1, 2, 3).
+        out_norm (bool): LayerNorm on each output; False gives the authors' raw stage
+            outputs. Default: True.
         frozen_stages (int): see :class:`InLineBackbone`. Default: -1.
         norm_eval (bool): Default: False.
         with_cp (bool): gradient checkpointing per block. Default: False.
@@ -56,8 +64,9 @@ class InLinePVT(InLineBackbone):
 
     def __init__(self, arch='t', in_channels=3, block_types='IIII', kernel='identity',
                  pretrain_img_size=224, qkv_bias=True, drop_rate=0.0, drop_path_rate=0.1,
-                 out_indices=(0, 1, 2, 3), frozen_stages=-1, norm_eval=False, with_cp=False,
-                 norm_cfg=dict(type='LN', eps=1e-6), act_cfg=dict(type='GELU'), init_cfg=None):
+                 out_indices=(0, 1, 2, 3), out_norm=True, frozen_stages=-1, norm_eval=False,
+                 with_cp=False, norm_cfg=dict(type='LN', eps=1e-6), act_cfg=dict(type='GELU'),
+                 init_cfg=None):
         super().__init__(frozen_stages, norm_eval, with_cp, init_cfg)
         cfg = resolve_arch(arch, self.arch_settings, 'InLinePVT',
                            ('embed_dims', 'num_heads', 'mlp_ratios', 'depths'))
@@ -87,11 +96,13 @@ class InLinePVT(InLineBackbone):
                                     proj_drop=drop_rate),
                     mlp_ratio=cfg['mlp_ratios'][i], drop_path=dpr[i][j], drop=drop_rate,
                     norm_cfg=norm_cfg, act_cfg=act_cfg) for j, t in enumerate(types[i])]))
+        self._add_out_norms(out_norm, norm_cfg)
         self._init_from_scratch()
 
     def stage_modules(self):
         stages = [[getattr(self, f'patch_embed{i + 1}'), getattr(self, f'pos_embed{i + 1}'),
-                   getattr(self, f'block{i + 1}')] for i in range(self.num_stages)]
+                   getattr(self, f'block{i + 1}')] + self._out_norms_of(i)
+                  for i in range(self.num_stages)]
         return [stages[0][:2]] + stages
 
     def adapt_pretrained(self, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -111,7 +122,7 @@ class InLinePVT(InLineBackbone):
             pos = resize_pos_embed(getattr(self, f'pos_embed{i + 1}'), self.grid_sizes[i], hw)
             x = run_blocks(getattr(self, f'block{i + 1}'), self.pos_drop(x + pos), hw,
                            self.with_cp)
-            x = nlc_to_nchw(x, hw)
             if i in self.out_indices:
-                outs.append(x)
+                outs.append(self._output(i, x, hw))
+            x = nlc_to_nchw(x, hw)
         return tuple(outs)
