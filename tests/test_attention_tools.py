@@ -1,8 +1,13 @@
 """The attention analysis tools: benchmark and injectivity demonstration."""
 import json
 import os
+import subprocess
 import sys
 
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'tools', 'analysis_tools'))
 import benchmark_attention  # noqa: E402
 import injectivity  # noqa: E402
@@ -16,16 +21,50 @@ def _is_png(path):
 def test_benchmark_writes_json_plot_and_ratio_table(tmp_path, capsys):
     results = benchmark_attention.main(['--quick', '--out-dir', str(tmp_path)])
     data = json.load(open(tmp_path / 'benchmark_attention.json'))
-    assert [r['n'] for r in data['results']] == [256, 960]
+    assert [r['n'] for r in data['results']] == [256, 1024]
+    assert data['meta']['allocator'] in ('keep (mallopt)', 'default')
     for row in data['results']:
         for mode in ('forward', 'forward+backward'):
             assert set(row[mode]) == set(benchmark_attention.IMPLS)
-            assert all(v['time_ms'] > 0 for v in row[mode].values())
+            assert all(v['time_ms'] > 0 and v['page_faults'] >= 0 for v in row[mode].values())
         assert row['forward+backward']['softmax (naive)']['peak_mb'] > \
             row['forward+backward']['inline (ours)']['peak_mb']
     assert _is_png(tmp_path / 'benchmark_attention.png')
-    assert 'authors/ours fwd' in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert 'authors/ours fwd' in out
+    # 32x32 has 4x the tokens of 16x16: one linearity row per implementation
+    rows = [line for line in out.splitlines() if line.startswith('| 32x32 / 16x16 |')]
+    assert len(rows) == len(benchmark_attention.IMPLS)
+    assert all(float(r.split('|')[5]) > 0 for r in rows)
     assert len(results) == 2
+
+
+def test_keep_freed_memory_stops_page_faults_on_reallocation():
+    """In a fresh process (allocator state is per process): 64 MiB tensors allocated
+    again and again fault on every page with glibc's defaults, and not once kept."""
+    code = """
+import sys, torch
+from mmplugin_inline.analysis import keep_freed_memory, minor_page_faults
+if sys.argv[1] == 'keep' and not keep_freed_memory():
+    print('unsupported'); sys.exit()
+for _ in range(2):
+    torch.ones(16 << 20)
+before = minor_page_faults()
+for _ in range(4):
+    torch.ones(16 << 20)
+print(minor_page_faults() - before)
+"""
+    faults = {}
+    for mode in ('default', 'keep'):
+        res = subprocess.run([sys.executable, '-c', code, mode], capture_output=True, text=True,
+                             cwd=ROOT, timeout=120)
+        assert res.returncode == 0, res.stderr
+        if res.stdout.strip() == 'unsupported':
+            pytest.skip('not glibc')
+        faults[mode] = int(res.stdout.strip().splitlines()[-1])
+    pages = 4 * (64 << 20) // 4096
+    assert faults['default'] > pages // 2, faults     # every allocation faults its pages in
+    assert faults['keep'] < pages // 8, faults        # reused: (almost) no faults
 
 
 def test_quadratic_implementations_are_skipped_beyond_their_limits():

@@ -1,8 +1,40 @@
 """Timing and peak-memory measurement of a callable on CPU or CUDA."""
+import ctypes
+import ctypes.util
+import resource
 import time
 from typing import Callable, List
 
 import torch
+
+# glibc's mallopt() parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+
+
+def keep_freed_memory(mmap_threshold: int = 1 << 30, trim_threshold: int = 1 << 31) -> bool:
+    """Make glibc's malloc reuse freed memory instead of returning it to the system.
+
+    By default glibc serves blocks of more than ~32 MiB with fresh ``mmap`` pages and
+    gives freed memory back, so every call that allocates a large tensor pays a page
+    fault per 4 KiB page for zeroed memory. That cost is not the kernel's and grows
+    faster than the tensor (it hit 256x256-token maps and not 128x128 ones here).
+    Raising the mmap and trim thresholds (what ``GLIBC_TUNABLES=glibc.malloc.
+    mmap_threshold=...:glibc.malloc.trim_threshold=...`` does at start-up) keeps the
+    pages mapped. Returns whether it took effect (False off glibc).
+    """
+    name = ctypes.util.find_library('c')
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and \
+        bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+
+
+def minor_page_faults() -> int:
+    """Minor page faults of this process so far (first touches of fresh pages)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def synchronize(device) -> None:

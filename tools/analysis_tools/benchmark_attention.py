@@ -4,7 +4,16 @@ For each token count N (a H x W map), head width d and head count, measures forw
 forward+backward time (median of interleaved repeats: the implementations alternate
 inside one run so that a noisy machine affects them alike) and peak extra memory
 (allocator peak over the inputs, from torch's profiler on CPU or the CUDA allocator).
-Writes a JSON file and a log-log PNG plot, and prints a table of ratios to our kernel.
+Writes a JSON file and a log-log PNG plot, and prints a table of ratios to our kernel
+and a linearity table: time at 4x the tokens over time at 1x (e.g. 256x256 / 128x128;
+linear is 4).
+
+On CPU, glibc's malloc by default hands large blocks back to the system when they are
+freed, so every call pays page faults to get zeroed pages again; that cost grows faster
+than the tensors and is not the kernels'. ``--allocator keep`` (the default) keeps
+freed memory mapped (see ``mmplugin_inline.analysis.keep_freed_memory``);
+``--allocator default`` measures with glibc's defaults. Minor page faults per call are
+recorded either way.
 
     python tools/analysis_tools/benchmark_attention.py --out-dir work_dirs/bench_attn
     python tools/analysis_tools/benchmark_attention.py --quick   # a small smoke run
@@ -17,7 +26,8 @@ import time
 
 import torch
 
-from mmplugin_inline.analysis.measure import peak_extra_memory, synchronize
+from mmplugin_inline.analysis.measure import (keep_freed_memory, minor_page_faults,
+                                              peak_extra_memory, synchronize)
 from mmplugin_inline.core import (inline_attention, inline_attention_authors, linear_attention,
                                   softmax_attention, softmax_attention_reference)
 
@@ -71,18 +81,22 @@ def bench_case(impls, batch, heads, hw, d, device, repeats, backward):
     n = hw[0] * hw[1]
     inputs = make_inputs(batch, heads, n, d, device, backward)
     times = {name: [] for name in impls}
+    faults = dict.fromkeys(impls, 0)
     for name, fn in impls.items():  # warm-up
         run_once(fn, inputs, backward)
     for _ in range(repeats):
         for name, fn in impls.items():  # interleaved
             synchronize(device)
+            before = minor_page_faults()
             start = time.perf_counter()
             run_once(fn, inputs, backward)
             synchronize(device)
             times[name].append(time.perf_counter() - start)
+            faults[name] += minor_page_faults() - before
     result = {}
     for name, fn in impls.items():
         result[name] = dict(time_ms=1e3 * statistics.median(times[name]),
+                            page_faults=faults[name] / repeats,
                             peak_mb=peak_memory(fn, inputs, backward, device) / 2 ** 20)
     return result
 
@@ -132,6 +146,26 @@ def ratio_table(results):
     return '\n'.join(lines)
 
 
+def linearity_table(results):
+    """Time at 4x the tokens over time at 1x, per implementation (linear: 4.0)."""
+    lines = ['| maps | d | heads | implementation | fwd ratio | fwd+bwd ratio |',
+             '|---|---|---|---|---|---|']
+    for small in results:
+        for large in results:
+            if (large['d'], large['heads']) != (small['d'], small['heads']) or \
+                    large['n'] != 4 * small['n']:
+                continue
+            for name in IMPLS:
+                if name not in large['forward'] or name not in small['forward']:
+                    continue
+                ratio = {mode: large[mode][name]['time_ms'] / small[mode][name]['time_ms']
+                         for mode in ('forward', 'forward+backward')}
+                lines.append(f"| {large['map']} / {small['map']} | {small['d']} | "
+                             f"{small['heads']} | {name} | {ratio['forward']:.2f} | "
+                             f"{ratio['forward+backward']:.2f} |")
+    return '\n'.join(lines)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,12 +183,20 @@ def main(argv=None):
     parser.add_argument('--threads', type=int, default=None,
                         help='torch CPU threads (default: torch\'s choice); 1 is steadier on '
                              'a busy machine')
+    parser.add_argument('--allocator', choices=['keep', 'default'], default='keep',
+                        help="CPU: 'keep' freed memory mapped (no page faults from glibc "
+                             "returning it), or glibc's 'default' behaviour")
     parser.add_argument('--quick', action='store_true', help='tiny sizes, one repeat')
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    allocator = 'default'
+    if args.allocator == 'keep' and keep_freed_memory():
+        allocator = 'keep (mallopt)'
+    elif args.allocator == 'keep':
+        print('note: could not tune the allocator (not glibc); measuring with its defaults')
     if args.quick:
-        args.maps, args.dims, args.heads, args.repeats = ['16x16', '24x40'], [8], [2], 1
+        args.maps, args.dims, args.heads, args.repeats = ['16x16', '32x32'], [8], [2], 1
     device = torch.device(args.device)
     os.makedirs(args.out_dir, exist_ok=True)
     results = []
@@ -176,14 +218,18 @@ def main(argv=None):
                 print(f"{m:>8} d={d} heads={heads}: " + ', '.join(
                     f"{k} {v['time_ms']:.1f}ms" for k, v in row['forward+backward'].items()),
                     flush=True)
-    meta = dict(device=str(device), torch=torch.__version__, threads=torch.get_num_threads())
+    meta = dict(device=str(device), torch=torch.__version__, threads=torch.get_num_threads(),
+                allocator=allocator, repeats=args.repeats)
     with open(os.path.join(args.out_dir, 'benchmark_attention.json'), 'w') as f:
         json.dump(dict(meta=meta, results=results), f, indent=1)
     plot(results, os.path.join(args.out_dir, 'benchmark_attention.png'))
     table = ratio_table(results)
+    linear = linearity_table(results)
     with open(os.path.join(args.out_dir, 'benchmark_attention.md'), 'w') as f:
-        f.write(table + '\n')
+        f.write(table + '\n\n' + linear + '\n')
     print(table)
+    if len(linear.splitlines()) > 2:
+        print(linear)
     print(f"written: {args.out_dir}/benchmark_attention.{{json,png,md}}")
     return results
 
