@@ -22,6 +22,9 @@ def test_shortened_demo_writes_metrics_and_pictures(mode, metric, tmp_path):
     report = tmp_path / 'work' / 'report'
     metrics = json.load(open(report / 'metrics.json'))
     assert metric in metrics['final'] and metrics['iterations'] >= 1
+    # validations are logged at their iteration (the mAP / mIoU curve needs it)
+    steps = [v['step'] for v in metrics['validations']]
+    assert steps and all(s >= 1 for s in steps) and steps == sorted(steps)
     assert f'{metric} ' in out                              # printed at the end
     for name in ('predictions.png', 'curves.png'):
         assert str(report / name) in out

@@ -9,7 +9,7 @@ data_root = 'data/shapes_demo/'
 metainfo = dict(classes=('circle', 'square', 'triangle'),
                 palette=[(220, 20, 60), (0, 128, 255), (0, 160, 0)])
 img_scale = (192, 192)
-train_budget_s = 690  # seconds of training (intermediate validations included)
+train_budget_s = 760  # seconds of training (intermediate validations included)
 
 model = dict(
     backbone=dict(init_cfg=None),  # no ImageNet weights here: trained from scratch
@@ -69,7 +69,7 @@ train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=5000, val_i
 val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
 default_hooks = dict(
-    logger=dict(type='LoggerHook', interval=25),
+    logger=dict(type='LoggerHook', interval=25, log_metric_by_epoch=False),  # val at its iteration
     checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=100000, max_keep_ckpts=1,
                     save_last=True))
 log_processor = dict(by_epoch=False)

@@ -177,7 +177,9 @@ def main(argv=None):
     mmcv.imwrite(grid(pictures)[..., ::-1], predictions)
 
     with open(osp.join(args.out_dir, 'metrics.json'), 'w') as f:
-        json.dump(dict(final=final, iterations=train[-1]['step'] if train else 0), f, indent=1)
+        history = [dict(step=r['step'], **{k: r[k] for k in keys if k in r}) for r in val]
+        json.dump(dict(final=final, iterations=train[-1]['step'] if train else 0,
+                       validations=history), f, indent=1)
     print('final validation metrics: ' + ', '.join(
         f'{k} {final[k]:.3f}' for k in keys if k in final))
     print(f'prediction grid (ground truth | prediction): {predictions}')
