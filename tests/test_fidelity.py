@@ -19,12 +19,12 @@ def _build(family, fixture, tmp_path, **overrides):
     return model.eval()
 
 
-def _pooled(family, model, raw, x, outs):
+def _pooled(family, model, x, raw_outs, outs):
     if family == 'deit':
         _, _, final = model.forward_tokens(x)
         return model.norm(final)[:, 0]
     if family == 'pvt':  # the authors' PVT has no final norm: the raw last stage, pooled
-        return raw(x)[-1].mean(dim=(2, 3))
+        return raw_outs[-1].mean(dim=(2, 3))
     return outs[-1].mean(dim=(2, 3))  # Swin / CSWin: final norm = last out norm
 
 
@@ -38,7 +38,7 @@ def test_stage_outputs_and_pooled_feature_match_the_authors(family, tmp_path):
         x = case['input']
         with torch.no_grad():
             outs = raw(x)
-            pooled = _pooled(family, normed, raw, x, normed(x))
+            pooled = _pooled(family, normed, x, outs, normed(x))
         assert len(outs) == len(case['stage_outputs'])
         for i, (ours, theirs) in enumerate(zip(outs, case['stage_outputs'])):
             assert ours.shape == theirs.shape, f'stage {i}'

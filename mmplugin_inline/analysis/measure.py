@@ -14,9 +14,10 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 def keep_freed_memory(mmap_threshold: int = 1 << 30, trim_threshold: int = 1 << 31) -> bool:
     """Make glibc's malloc reuse freed memory instead of returning it to the system.
 
-    By default glibc serves blocks of more than ~32 MiB with fresh ``mmap`` pages and
-    gives freed memory back, so every call that allocates a large tensor pays a page
-    fault per 4 KiB page for zeroed memory. That cost is not the kernel's and grows
+    By default glibc serves blocks above its mmap threshold (128 KiB, raised as blocks
+    are freed, to at most 32 MiB) with fresh ``mmap`` pages and trims freed memory at
+    the top of the heap, so a call that allocates a large tensor can pay a page fault
+    per 4 KiB page for zeroed memory. That cost is not the kernel's and grows
     faster than the tensor (it hit 256x256-token maps and not 128x128 ones here).
     Raising the mmap and trim thresholds (what ``GLIBC_TUNABLES=glibc.malloc.
     mmap_threshold=...:glibc.malloc.trim_threshold=...`` does at start-up) keeps the
