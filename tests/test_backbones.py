@@ -50,6 +50,7 @@ def test_output_shapes_and_strides_at_any_size(name, hw):
         expect = tuple(-(-x // s) for x in hw)  # padded inside: ceil(H / stride)
         assert out.shape == (1, c, *expect)
         assert torch.isfinite(out).all()
+        assert out.is_contiguous()  # NCHW memory: mmcv's RoIAlign ignores strides
 
 
 @pytest.mark.parametrize('name', sorted(SMALL))
@@ -192,3 +193,16 @@ def test_released_checkpoint_keys_and_shapes_match_the_presets(model_name):
     n_new = sum(own[k].numel() for k in set(own) - set(sd))
     n_ours = sum(p.numel() for p in model.parameters())
     assert abs(n_ours - n_new + n_head - n_released) < 0.006e6
+
+
+def test_simple_feature_pyramid_on_deit_gives_strides_4_to_64():
+    backbone = build('InLineDeiT').eval()
+    neck = MODELS.build(dict(type='SimpleFeaturePyramid', in_channels=16, out_channels=8))
+    hw = (128, 160)  # mmdet pads detector inputs to multiples of 32
+    with torch.no_grad():
+        outs = neck(backbone(torch.randn(1, 3, *hw)))
+    assert len(outs) == 5
+    for out, stride in zip(outs, (4, 8, 16, 32, 64)):
+        expect = tuple(-(-x // stride) for x in hw)
+        assert out.shape == (1, 8, *expect), stride
+        assert out.is_contiguous()  # for RoIAlign

@@ -216,6 +216,9 @@ def test_model_builds_and_runs_loss_and_predict_on_two_odd_sizes(path):
             assert tuple(data['inputs'].shape[-2:]) == hw
             feats = model.extract_feat(data['inputs'])
             assert all(torch.isfinite(f).all() for f in feats)
+            # mmcv's RoIAlign reads its input as NCHW memory whatever the strides: a
+            # channels-last feature map is pooled wrongly (box / mask heads then fail)
+            assert all(f.is_contiguous() for f in feats)
             result = model.predict(data['inputs'], data['data_samples'])[0]
         if seg:
             assert tuple(result.pred_sem_seg.data.shape[-2:]) == hw

@@ -9,7 +9,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmplugin_inline.checkpoint import load_pretrained
 from mmplugin_inline.core import nlc_to_nchw
-from mmplugin_inline.models.layers import parse_block_types, stochastic_depth_rates
+from mmplugin_inline.models.layers import (contiguous_map, parse_block_types,
+                                           stochastic_depth_rates)
 
 
 def resolve_arch(arch, settings: dict, family: str, required: Sequence[str]) -> dict:
@@ -86,10 +87,10 @@ class InLineBackbone(BaseModule):
         return [getattr(self, f'norm{i}')] if self.out_norm and i in self.out_indices else []
 
     def _output(self, i: int, x, hw):
-        """Stage ``i``'s tokens [B, N, C] as the (normed) NCHW output."""
+        """Stage ``i``'s tokens [B, N, C] as the (normed), contiguous NCHW output."""
         for norm in self._out_norms_of(i):
             x = norm(x)
-        return nlc_to_nchw(x, hw)
+        return contiguous_map(nlc_to_nchw(x, hw))
 
     def _final_norm_to_last_out_norm(self, sd: dict) -> dict:
         """A released checkpoint's final norm initialises the last output norm."""

@@ -7,7 +7,8 @@ from mmcv.cnn import build_norm_layer
 
 from mmplugin_inline.core import nlc_to_nchw
 from mmplugin_inline.models.layers import (GlobalAttention, PatchEmbed, TransformerBlock,
-                                           resize_pos_embed, run_blocks, stochastic_depth_rates)
+                                           contiguous_map, resize_pos_embed, run_blocks,
+                                           stochastic_depth_rates)
 from mmplugin_inline.registry import MODELS
 
 from .base import InLineBackbone, normalize_out_indices, resolve_arch
@@ -109,5 +110,5 @@ class InLineDeiT(InLineBackbone):
         for j, tokens in zip(self.out_indices, outs):
             if self.final_norm and j == self.depth - 1:
                 tokens = self.norm(tokens)
-            maps.append(nlc_to_nchw(tokens[:, 1:], hw))
+            maps.append(contiguous_map(nlc_to_nchw(tokens[:, 1:], hw)))
         return tuple(maps)

@@ -89,3 +89,16 @@ def resize_pos_embed(pos_embed: torch.Tensor, src_hw: Tuple[int, int], dst_hw: T
     grid = grid.reshape(1, src_hw[0], src_hw[1], c).permute(0, 3, 1, 2)
     grid = F.interpolate(grid, size=tuple(dst_hw), mode=mode, align_corners=False)
     return torch.cat([prefix, grid.flatten(2).transpose(1, 2)], dim=1)
+
+
+def contiguous_map(x):
+    """An output map in plain NCHW memory layout.
+
+    ``nlc_to_nchw`` is a view with channels-last strides, and convolutions keep that
+    layout, so the FPN's outputs would be channels-last too. mmcv's RoIAlign (CPU and
+    CUDA) reads its input as contiguous NCHW whatever the strides, so on such maps it
+    pools the wrong values: Mask R-CNN's box and mask heads then cannot learn while
+    the RPN (plain convolutions) does. Every output of this package's backbones and
+    necks goes through here.
+    """
+    return x.contiguous()

@@ -6,6 +6,7 @@ import torch.nn as nn
 from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 
+from mmplugin_inline.models.layers import contiguous_map
 from mmplugin_inline.registry import MODELS
 
 
@@ -72,4 +73,4 @@ class SimpleFeaturePyramid(BaseModule):
         outs = [stage(x) for stage in self.stages]
         while len(outs) < self.num_outs:
             outs.append(nn.functional.max_pool2d(outs[-1], 1, stride=2))
-        return tuple(outs)
+        return tuple(contiguous_map(o) for o in outs)  # RoIAlign reads NCHW memory
