@@ -1,6 +1,7 @@
 """Timing and peak-memory measurement of a callable on CPU or CUDA."""
 import ctypes
 import ctypes.util
+import gc
 import resource
 import time
 from typing import Callable, List
@@ -76,6 +77,7 @@ def peak_extra_memory(fn: Callable[[], object], device='cpu') -> int:
         synchronize(device)
         return torch.cuda.max_memory_allocated(device) - base
     from torch.profiler import ProfilerActivity, profile
+    gc.collect()  # garbage of earlier work must not be freed (or counted) in the window
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     events = sorted((e for e in prof.events() if e.self_cpu_memory_usage),
