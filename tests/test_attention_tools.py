@@ -22,6 +22,7 @@ def test_benchmark_writes_json_plot_and_ratio_table(tmp_path, capsys):
     data = json.load(open(tmp_path / 'benchmark_attention.json'))
     assert [r['n'] for r in data['results']] == [256, 1024]
     assert data['meta']['allocator'] in ('keep (mallopt)', 'default')
+    assert isinstance(data['meta']['huge_pages'], bool)
     for row in data['results']:
         for mode in ('forward', 'forward+backward'):
             assert set(row[mode]) == set(benchmark_attention.IMPLS)
@@ -31,7 +32,11 @@ def test_benchmark_writes_json_plot_and_ratio_table(tmp_path, capsys):
     assert _is_png(tmp_path / 'benchmark_attention.png')
     out = capsys.readouterr().out
     assert 'authors/ours fwd' in out
-    # 32x32 has 4x the tokens of 16x16: one linearity row per implementation
+    # 32x32 has 4x the tokens of 16x16: that pair is timed again, sizes alternating
+    [lin] = data['linearity']
+    assert (lin['small'], lin['large']) == ('16x16', '32x32')
+    assert set(lin['forward']) == set(lin['forward+backward']) == set(benchmark_attention.IMPLS)
+    assert all(r > 0 for r in lin['forward'].values())
     rows = [line for line in out.splitlines() if line.startswith('| 32x32 / 16x16 |')]
     assert len(rows) == len(benchmark_attention.IMPLS)
     assert all(float(r.split('|')[5]) > 0 for r in rows)
@@ -65,6 +70,38 @@ print(minor_page_faults() - before)
     pages = 8 * (64 << 20) // 4096
     assert faults['default'] > pages // 2, faults     # every allocation faults its pages in
     assert faults['keep'] <= pages // 4, faults       # reused: 2 of 8 at most fault
+
+
+def _thp_mode():
+    try:
+        with open('/sys/kernel/mm/transparent_hugepage/enabled') as f:
+            return f.read().split('[')[1].split(']')[0]
+    except (OSError, IndexError):
+        return None
+
+
+def test_huge_pages_are_detected_when_torch_is_told_to_use_them():
+    """torch reads THP_MEM_ALLOC_ENABLE once, so each case runs in a fresh process."""
+    mode = _thp_mode()
+    if mode not in ('madvise', 'always'):
+        pytest.skip(f'transparent huge pages unavailable here ({mode})')
+    code = 'from mmplugin_inline.analysis import huge_pages_in_use; print(huge_pages_in_use())'
+    seen = {}
+    for flag in ('0', '1'):
+        env = dict(os.environ, THP_MEM_ALLOC_ENABLE=flag)
+        res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                             cwd=ROOT, env=env, timeout=120)
+        assert res.returncode == 0, res.stderr
+        seen[flag] = res.stdout.strip().splitlines()[-1]
+    assert seen['1'] == 'True', seen
+    if mode == 'madvise':  # only pages torch asks for are huge
+        assert seen['0'] == 'False', seen
+
+
+def test_linearity_pairs_are_maps_with_four_times_the_tokens():
+    pairs = benchmark_attention.linearity_pairs(['56x56', '128x128', '200x336', '256x256',
+                                                 '112x112', '64x256'])
+    assert pairs == [('56x56', '112x112'), ('128x128', '256x256'), ('64x256', '256x256')]
 
 
 def test_quadratic_implementations_are_skipped_beyond_their_limits():

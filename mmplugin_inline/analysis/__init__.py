@@ -8,14 +8,14 @@ from .codebase import (DEFAULT_SHAPES, build_model, codebase_of, dummy_data_batc
 from .complexity import (EXTRA_FLOP_HANDLES, UNCOUNTED_ELEMENTWISE_OPS, UNCOUNTED_OPS,
                          UNCOUNTED_SAMPLING_OPS, ZERO_COST_OPS, baddbmm_flop_jit, count_module,
                          flop_analyzer, format_count, module_table, sdpa_flop_jit, unknown_ops)
-from .measure import (keep_freed_memory, minor_page_faults, peak_extra_memory, tensor_bytes,
-                      time_calls)
+from .measure import (huge_pages_in_use, keep_freed_memory, minor_page_faults,
+                      peak_extra_memory, tensor_bytes, time_calls)
 
 __all__ = [
     'DEFAULT_SHAPES', 'build_model', 'codebase_of', 'dummy_data_batch', 'load_config',
     'parse_shape', 'preprocess_dummy', 'EXTRA_FLOP_HANDLES', 'UNCOUNTED_ELEMENTWISE_OPS',
     'UNCOUNTED_OPS', 'UNCOUNTED_SAMPLING_OPS', 'ZERO_COST_OPS', 'baddbmm_flop_jit',
     'count_module', 'flop_analyzer', 'format_count', 'module_table', 'sdpa_flop_jit',
-    'unknown_ops', 'keep_freed_memory', 'minor_page_faults', 'peak_extra_memory',
+    'unknown_ops', 'huge_pages_in_use', 'keep_freed_memory', 'minor_page_faults', 'peak_extra_memory',
     'tensor_bytes', 'time_calls'
 ]

@@ -34,6 +34,33 @@ def keep_freed_memory(mmap_threshold: int = 1 << 30, trim_threshold: int = 1 << 
         bool(mallopt(_M_TRIM_THRESHOLD, trim_threshold))
 
 
+def huge_pages_in_use(numel: int = 4 << 20) -> bool:
+    """Whether a fresh large CPU tensor lies in memory backed by transparent huge pages.
+
+    torch puts its CPU blocks of 2 MiB and more on huge pages when the environment
+    variable ``THP_MEM_ALLOC_ENABLE=1`` was set before it started (it reads it once),
+    and the kernel allows it (``/sys/kernel/mm/transparent_hugepage/enabled`` is not
+    ``never``). With 4 KiB pages a 112 MiB working set needs ~28,000 TLB entries and
+    faults in ~28,000 pages, against ~56 with 2 MiB ones. Reads
+    ``/proc/self/smaps``; False where that does not exist (not Linux).
+    """
+    x = torch.ones(numel)  # touched, so its pages exist
+    addr = x.data_ptr()
+    try:
+        with open('/proc/self/smaps') as f:
+            inside = False
+            for line in f:
+                head = line.split()[0]
+                if '-' in head and ':' not in head:  # a mapping's address range
+                    start, end = (int(a, 16) for a in head.split('-'))
+                    inside = start <= addr < end
+                elif inside and head == 'AnonHugePages:':
+                    return int(line.split()[1]) > 0
+    except OSError:
+        pass
+    return False
+
+
 def minor_page_faults() -> int:
     """Minor page faults of this process so far (first touches of fresh pages)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

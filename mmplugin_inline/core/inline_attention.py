@@ -36,9 +36,9 @@ class _CentredLinearAttention(torch.autograd.Function):
     """``out = mean(V) + c * Q [K^T (I - 11^T/N) V]`` with a hand-written backward.
 
     Writing the backward out keeps it at four N x d x d matmuls and no N x d
-    temporaries beyond the gradients themselves: the rank-one centring terms ride in
-    the matmuls as broadcast ``baddbmm`` inputs instead of separate passes (autograd
-    would expand and add the mean's gradient in extra passes).
+    temporaries beyond the gradients themselves: the rank-one centring terms are
+    added in place to the matmuls' outputs (autograd would expand the mean's gradient
+    into a temporary and add it in extra passes).
     Inputs are [G, N, d] (heads folded into G), already in the compute dtype.
     """
 
@@ -55,7 +55,9 @@ class _CentredLinearAttention(torch.autograd.Function):
                           beta=c, alpha=-n * c)                     # [G, d, dv], scaled by c
         ctx.save_for_backward(q, k, v, m, k_mean, v_mean)
         ctx.c = c
-        return torch.baddbmm(v_mean, q, m)                         # [G, Nq, dv]
+        # the mean row is added in place: baddbmm would first copy it, broadcast, into
+        # the output (a slower pass over N x dv than this add)
+        return torch.bmm(q, m).add_(v_mean)                       # [G, Nq, dv]
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -69,12 +71,12 @@ class _CentredLinearAttention(torch.autograd.Function):
             grad_m = q.transpose(1, 2) @ grad                      # [G, d, dv] (unscaled)
             if ctx.needs_input_grad[1]:
                 # dK = c (V - 1 v_mean^T) dM^T
-                grad_k = torch.baddbmm(v_mean @ grad_m.transpose(1, 2), v,
-                                       grad_m.transpose(1, 2), beta=-c, alpha=c)
+                grad_mt = grad_m.transpose(1, 2) * c
+                grad_k = torch.bmm(v, grad_mt).sub_(v_mean @ grad_mt)
             if ctx.needs_input_grad[2]:
                 # dV = c (K - 1 k_mean^T) dM + 1 sum_i(grad_i)^T / N
                 row = grad.sum(dim=1, keepdim=True) / n - c * (k_mean @ grad_m)
-                grad_v = torch.baddbmm(row, k, grad_m, alpha=c)
+                grad_v = torch.bmm(k, grad_m * c).add_(row)
         return grad_q, grad_k, grad_v, None
 
 

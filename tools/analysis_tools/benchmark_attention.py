@@ -6,16 +6,20 @@ inside one run so that a noisy machine affects them alike) and peak extra memory
 (allocator peak over the inputs, from torch's profiler on CPU or the CUDA allocator).
 Writes a JSON file and a log-log PNG plot, and prints a table of ratios to our kernel
 and a linearity table: time at 4x the tokens over time at 1x (e.g. 256x256 / 128x128;
-linear is 4).
+linear is 4), for every such pair of maps given, measured apart from the grid with the
+two sizes alternating call by call (2x the repeats).
 
 On CPU, glibc's malloc by default hands large blocks back to the system when they are
 freed, so every call pays page faults to get zeroed pages again; that cost grows faster
 than the tensors and is not the kernels'. ``--allocator keep`` (the default) keeps
 freed memory mapped (see ``mmplugin_inline.analysis.keep_freed_memory``);
 ``--allocator default`` measures with glibc's defaults. Minor page faults per call are
-recorded either way.
+recorded either way. With 4 KiB pages, large maps also pay TLB misses that small ones
+do not; ``THP_MEM_ALLOC_ENABLE=1`` in the environment (torch reads it at start-up) puts
+torch's large blocks on 2 MiB pages. Whether that took effect is recorded too.
 
-    python tools/analysis_tools/benchmark_attention.py --out-dir work_dirs/bench_attn
+    THP_MEM_ALLOC_ENABLE=1 python tools/analysis_tools/benchmark_attention.py \
+        --out-dir work_dirs/bench_attn
     python tools/analysis_tools/benchmark_attention.py --quick   # a small smoke run
 """
 import argparse
@@ -26,8 +30,9 @@ import time
 
 import torch
 
-from mmplugin_inline.analysis.measure import (keep_freed_memory, minor_page_faults,
-                                              peak_extra_memory, synchronize)
+from mmplugin_inline.analysis.measure import (huge_pages_in_use, keep_freed_memory,
+                                              minor_page_faults, peak_extra_memory,
+                                              synchronize)
 from mmplugin_inline.core import (inline_attention, inline_attention_authors, linear_attention,
                                   softmax_attention, softmax_attention_reference)
 
@@ -146,23 +151,49 @@ def ratio_table(results):
     return '\n'.join(lines)
 
 
-def linearity_table(results):
-    """Time at 4x the tokens over time at 1x, per implementation (linear: 4.0)."""
+def linearity_pairs(maps):
+    """(small, large) map names from ``maps`` where large has exactly 4x the tokens."""
+    tokens = {m: parse_map(m)[0] * parse_map(m)[1] for m in maps}
+    return [(a, b) for a in maps for b in maps if tokens[b] == 4 * tokens[a]]
+
+
+def linearity_case(impls, batch, heads, small_hw, large_hw, d, device, repeats, backward):
+    """Median time at ``large_hw`` over median time at ``small_hw``, per implementation.
+
+    The two sizes alternate (and implementations in turn), so a machine whose speed
+    drifts over seconds affects both sides of the ratio alike; timing the sizes one
+    after the other, as the grid does, does not. Each timed call follows an untimed
+    call of the same implementation and size, so both sizes are timed with their own
+    data as warm in the caches as it gets (not evicted by the other size).
+    """
+    inputs = {hw: make_inputs(batch, heads, hw[0] * hw[1], d, device, backward)
+              for hw in (small_hw, large_hw)}
+    times = {(name, hw): [] for name in impls for hw in inputs}
+    for name, fn in impls.items():  # warm-up
+        for hw in inputs:
+            run_once(fn, inputs[hw], backward)
+    for _ in range(repeats):
+        for name, fn in impls.items():
+            for hw in inputs:
+                run_once(fn, inputs[hw], backward)  # the same call again, untimed: warm
+                synchronize(device)
+                start = time.perf_counter()
+                run_once(fn, inputs[hw], backward)
+                synchronize(device)
+                times[(name, hw)].append(time.perf_counter() - start)
+    return {name: statistics.median(times[(name, large_hw)]) /
+            statistics.median(times[(name, small_hw)]) for name in impls}
+
+
+def linearity_table(rows):
+    """Rows of :func:`linearity_case` results as a table (linear time: 4.0)."""
     lines = ['| maps | d | heads | implementation | fwd ratio | fwd+bwd ratio |',
              '|---|---|---|---|---|---|']
-    for small in results:
-        for large in results:
-            if (large['d'], large['heads']) != (small['d'], small['heads']) or \
-                    large['n'] != 4 * small['n']:
-                continue
-            for name in IMPLS:
-                if name not in large['forward'] or name not in small['forward']:
-                    continue
-                ratio = {mode: large[mode][name]['time_ms'] / small[mode][name]['time_ms']
-                         for mode in ('forward', 'forward+backward')}
-                lines.append(f"| {large['map']} / {small['map']} | {small['d']} | "
-                             f"{small['heads']} | {name} | {ratio['forward']:.2f} | "
-                             f"{ratio['forward+backward']:.2f} |")
+    for row in rows:
+        for name in row['forward']:
+            lines.append(f"| {row['large']} / {row['small']} | {row['d']} | {row['heads']} | "
+                         f"{name} | {row['forward'][name]:.2f} | "
+                         f"{row['forward+backward'][name]:.2f} |")
     return '\n'.join(lines)
 
 
@@ -195,6 +226,11 @@ def main(argv=None):
         allocator = 'keep (mallopt)'
     elif args.allocator == 'keep':
         print('note: could not tune the allocator (not glibc); measuring with its defaults')
+    on_cpu = torch.device(args.device).type == 'cpu'
+    huge_pages = on_cpu and huge_pages_in_use()
+    if on_cpu and not huge_pages:
+        print('note: 4 KiB pages (set THP_MEM_ALLOC_ENABLE=1 before starting for 2 MiB '
+              'pages; large maps pay more TLB misses without them)')
     if args.quick:
         args.maps, args.dims, args.heads, args.repeats = ['16x16', '32x32'], [8], [2], 1
     device = torch.device(args.device)
@@ -218,13 +254,29 @@ def main(argv=None):
                 print(f"{m:>8} d={d} heads={heads}: " + ', '.join(
                     f"{k} {v['time_ms']:.1f}ms" for k, v in row['forward+backward'].items()),
                     flush=True)
+    linearity = []
+    for d in args.dims:
+        for heads in args.heads:
+            for small, large in linearity_pairs(args.maps):
+                n = parse_map(large)[0] * parse_map(large)[1]
+                impls = {k: v for k, v in IMPLS.items()
+                         if fits(k, n, heads, args.batch, args.softmax_limit_gb,
+                                 args.softmax_max_tokens)}
+                row = dict(small=small, large=large, d=d, heads=heads)
+                for mode, backward in (('forward', False), ('forward+backward', True)):
+                    grad = torch.enable_grad() if backward else torch.no_grad()
+                    with grad:
+                        row[mode] = linearity_case(impls, args.batch, heads, parse_map(small),
+                                                   parse_map(large), d, device,
+                                                   2 * args.repeats, backward)
+                linearity.append(row)
     meta = dict(device=str(device), torch=torch.__version__, threads=torch.get_num_threads(),
-                allocator=allocator, repeats=args.repeats)
+                allocator=allocator, huge_pages=huge_pages, repeats=args.repeats)
     with open(os.path.join(args.out_dir, 'benchmark_attention.json'), 'w') as f:
-        json.dump(dict(meta=meta, results=results), f, indent=1)
+        json.dump(dict(meta=meta, results=results, linearity=linearity), f, indent=1)
     plot(results, os.path.join(args.out_dir, 'benchmark_attention.png'))
     table = ratio_table(results)
-    linear = linearity_table(results)
+    linear = linearity_table(linearity)
     with open(os.path.join(args.out_dir, 'benchmark_attention.md'), 'w') as f:
         f.write(table + '\n\n' + linear + '\n')
     print(table)
