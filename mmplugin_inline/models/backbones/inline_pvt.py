@@ -27,10 +27,10 @@ class InLinePVT(InLineBackbone):
     attention (sr ratios [8, 4, 2, 1]).
 
     Unlike the authors' classifier, each output gets a LayerNorm by default (as in
-    PVTv2 and Swin for detection). Without it the residual stream of the last stages
-    grows during training from scratch until the FPN's outputs are hundreds of times
-    larger than a normed backbone's, and Mask R-CNN does not learn (see README, demo).
-    The released checkpoints have no such norms: they start at weight 1, bias 0.
+    PVTv2 and Swin for detection): the FPN then sees features of a fixed scale. In the
+    demo (Mask R-CNN from scratch) both settings learned; with the norms the run ended
+    higher (see README, FAQ). The released checkpoints have no such norms: they start
+    at weight 1, bias 0.
 
     Args:
         arch (str | dict): 't', 's', 'm', 'l' or a dict with ``embed_dims``,
