@@ -16,6 +16,6 @@ __all__ = [
     'parse_shape', 'preprocess_dummy', 'EXTRA_FLOP_HANDLES', 'UNCOUNTED_ELEMENTWISE_OPS',
     'UNCOUNTED_OPS', 'UNCOUNTED_SAMPLING_OPS', 'ZERO_COST_OPS', 'baddbmm_flop_jit',
     'count_module', 'flop_analyzer', 'format_count', 'module_table', 'sdpa_flop_jit',
-    'unknown_ops', 'huge_pages_in_use', 'keep_freed_memory', 'minor_page_faults', 'peak_extra_memory',
-    'tensor_bytes', 'time_calls'
+    'unknown_ops', 'huge_pages_in_use', 'keep_freed_memory', 'minor_page_faults',
+    'peak_extra_memory', 'tensor_bytes', 'time_calls'
 ]

@@ -74,7 +74,8 @@ def window_partition(x: torch.Tensor, window: Tuple[int, int]) -> torch.Tensor:
     return x.reshape(-1, wh * ww, c)
 
 
-def window_reverse(windows: torch.Tensor, window: Tuple[int, int], hw: Tuple[int, int]) -> torch.Tensor:
+def window_reverse(windows: torch.Tensor, window: Tuple[int, int],
+                   hw: Tuple[int, int]) -> torch.Tensor:
     """Inverse of :func:`window_partition`: [B*nW, wh*ww, C] -> [B, H, W, C]."""
     wh, ww = window
     h, w = hw
