@@ -151,10 +151,31 @@ def ratio_table(results):
     return '\n'.join(lines)
 
 
+def tokens(name):
+    """Token count of an 'HxW' map."""
+    h, w = parse_map(name)
+    return h * w
+
+
 def linearity_pairs(maps):
     """(small, large) map names from ``maps`` where large has exactly 4x the tokens."""
-    tokens = {m: parse_map(m)[0] * parse_map(m)[1] for m in maps}
-    return [(a, b) for a in maps for b in maps if tokens[b] == 4 * tokens[a]]
+    return [(a, b) for a in maps for b in maps if tokens(b) == 4 * tokens(a)]
+
+
+def runnable(n, heads, args):
+    """The implementations to time on ``n`` tokens (see :func:`fits`)."""
+    return {k: v for k, v in IMPLS.items()
+            if fits(k, n, heads, args.batch, args.softmax_limit_gb, args.softmax_max_tokens)}
+
+
+def per_mode(measure):
+    """``{'forward': measure(False), 'forward+backward': measure(True)}``, each under
+    the matching grad mode."""
+    out = {}
+    for mode, backward in (('forward', False), ('forward+backward', True)):
+        with torch.enable_grad() if backward else torch.no_grad():
+            out[mode] = measure(backward)
+    return out
 
 
 def linearity_case(impls, batch, heads, small_hw, large_hw, d, device, repeats, backward):
@@ -226,30 +247,23 @@ def main(argv=None):
         allocator = 'keep (mallopt)'
     elif args.allocator == 'keep':
         print('note: could not tune the allocator (not glibc); measuring with its defaults')
-    on_cpu = torch.device(args.device).type == 'cpu'
-    huge_pages = on_cpu and huge_pages_in_use()
-    if on_cpu and not huge_pages:
+    device = torch.device(args.device)
+    huge_pages = device.type == 'cpu' and huge_pages_in_use()
+    if device.type == 'cpu' and not huge_pages:
         print('note: 4 KiB pages (set THP_MEM_ALLOC_ENABLE=1 before starting for 2 MiB '
               'pages; large maps pay more TLB misses without them)')
     if args.quick:
         args.maps, args.dims, args.heads, args.repeats = ['16x16', '32x32'], [8], [2], 1
-    device = torch.device(args.device)
     os.makedirs(args.out_dir, exist_ok=True)
     results = []
     for d in args.dims:
         for heads in args.heads:
             for m in args.maps:
-                hw = parse_map(m)
-                n = hw[0] * hw[1]
-                impls = {k: v for k, v in IMPLS.items()
-                         if fits(k, n, heads, args.batch, args.softmax_limit_gb,
-                                 args.softmax_max_tokens)}
+                hw, n = parse_map(m), tokens(m)
+                impls = runnable(n, heads, args)
                 row = dict(map=m, n=n, d=d, heads=heads, batch=args.batch)
-                for mode, backward in (('forward', False), ('forward+backward', True)):
-                    grad = torch.enable_grad() if backward else torch.no_grad()
-                    with grad:
-                        row[mode] = bench_case(impls, args.batch, heads, hw, d, device,
-                                               args.repeats, backward)
+                row.update(per_mode(lambda backward: bench_case(
+                    impls, args.batch, heads, hw, d, device, args.repeats, backward)))
                 results.append(row)
                 print(f"{m:>8} d={d} heads={heads}: " + ', '.join(
                     f"{k} {v['time_ms']:.1f}ms" for k, v in row['forward+backward'].items()),
@@ -258,17 +272,11 @@ def main(argv=None):
     for d in args.dims:
         for heads in args.heads:
             for small, large in linearity_pairs(args.maps):
-                n = parse_map(large)[0] * parse_map(large)[1]
-                impls = {k: v for k, v in IMPLS.items()
-                         if fits(k, n, heads, args.batch, args.softmax_limit_gb,
-                                 args.softmax_max_tokens)}
+                impls = runnable(tokens(large), heads, args)  # what fits the larger map
                 row = dict(small=small, large=large, d=d, heads=heads)
-                for mode, backward in (('forward', False), ('forward+backward', True)):
-                    grad = torch.enable_grad() if backward else torch.no_grad()
-                    with grad:
-                        row[mode] = linearity_case(impls, args.batch, heads, parse_map(small),
-                                                   parse_map(large), d, device,
-                                                   2 * args.repeats, backward)
+                row.update(per_mode(lambda backward: linearity_case(
+                    impls, args.batch, heads, parse_map(small), parse_map(large), d, device,
+                    2 * args.repeats, backward)))
                 linearity.append(row)
     meta = dict(device=str(device), torch=torch.__version__, threads=torch.get_num_threads(),
                 allocator=allocator, huge_pages=huge_pages, repeats=args.repeats)
