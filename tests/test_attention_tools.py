@@ -43,6 +43,15 @@ def test_benchmark_writes_json_plot_and_ratio_table(tmp_path, capsys):
     assert len(results) == 2
 
 
+def _last_line_of_fresh_python(code, *args, **env):
+    """Run ``code`` in a new interpreter (allocator state and torch's start-up
+    settings are per process) with extra environment variables; its last output line."""
+    res = subprocess.run([sys.executable, '-c', code, *args], capture_output=True, text=True,
+                         cwd=ROOT, env=dict(os.environ, **env), timeout=120)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip().splitlines()[-1]
+
+
 def test_keep_freed_memory_stops_page_faults_on_reallocation():
     """In a fresh process (allocator state is per process): 64 MiB tensors allocated
     again and again fault on every page with glibc's defaults; kept, at most the odd
@@ -61,12 +70,10 @@ print(minor_page_faults() - before)
 """
     faults = {}
     for mode in ('default', 'keep'):
-        res = subprocess.run([sys.executable, '-c', code, mode], capture_output=True, text=True,
-                             cwd=ROOT, timeout=120)
-        assert res.returncode == 0, res.stderr
-        if res.stdout.strip() == 'unsupported':
+        last = _last_line_of_fresh_python(code, mode)
+        if last == 'unsupported':
             pytest.skip('not glibc')
-        faults[mode] = int(res.stdout.strip().splitlines()[-1])
+        faults[mode] = int(last)
     pages = 8 * (64 << 20) // 4096
     assert faults['default'] > pages // 2, faults     # every allocation faults its pages in
     assert faults['keep'] <= pages // 4, faults       # reused: 2 of 8 at most fault
@@ -86,13 +93,8 @@ def test_huge_pages_are_detected_when_torch_is_told_to_use_them():
     if mode not in ('madvise', 'always'):
         pytest.skip(f'transparent huge pages unavailable here ({mode})')
     code = 'from mmplugin_inline.analysis import huge_pages_in_use; print(huge_pages_in_use())'
-    seen = {}
-    for flag in ('0', '1'):
-        env = dict(os.environ, THP_MEM_ALLOC_ENABLE=flag)
-        res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                             cwd=ROOT, env=env, timeout=120)
-        assert res.returncode == 0, res.stderr
-        seen[flag] = res.stdout.strip().splitlines()[-1]
+    seen = {flag: _last_line_of_fresh_python(code, THP_MEM_ALLOC_ENABLE=flag)
+            for flag in ('0', '1')}
     assert seen['1'] == 'True', seen
     if mode == 'madvise':  # only pages torch asks for are huge
         assert seen['0'] == 'False', seen
