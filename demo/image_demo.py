@@ -61,7 +61,7 @@ def run_demo(image: str, config, out_dir: str, weights=None, device: str = 'cpu'
         str: the path of the written picture.
     """
     from mmplugin_inline.analysis import codebase_of, load_config
-    from mmplugin_inline.utils.safe_load import mmengine_checkpoint_loading
+    from mmplugin_inline.loading import mmengine_checkpoint_loading
     if not osp.isfile(image):
         raise FileNotFoundError(f'image not found: {image}')
     if weights is not None and not osp.isfile(weights):

@@ -5,15 +5,18 @@ layout (``{'model': ...}``, ``{'state_dict': ...}``, ``module.`` / ``backbone.``
 prefixes) and the family it was trained as, renames keys to the backbone's names and
 drops the classifier and non-persistent buffers. :func:`load_pretrained` adds what
 needs the model: resizing position embeddings / tables, loading, and a loud report.
-Files are read with ``torch.load(weights_only=True)``; a file that needs arbitrary
-unpickling is refused unless the caller opts in (``allow_unsafe=True``).
+Files (local paths or ``http(s)://`` URLs) are read as data only by
+:func:`mmplugin_inline.loading.load_weights`: whatever else the file holds (optimizer
+state, a yacs config, ...) is set aside, and the log says what.
 """
 import logging
 import re
 from collections import OrderedDict
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
+
+from mmplugin_inline.loading import SetAside, load_weights
 
 FAMILY_SIGNATURES = {  # a key only that family's released checkpoints have
     'InLinePVT': re.compile(r'^pos_embed1$|^block1\.'),
@@ -29,47 +32,29 @@ CSWIN_RENAMES = (  # the authors' CSWin keeps qkv / proj / attns in the block
 )
 
 
-class UnsafeCheckpointError(RuntimeError):
-    """The file needs full unpickling, which the caller has not allowed."""
+_STATE_DICT_KEYS = ('state_dict', 'model', 'model_ema', 'module')
 
 
-def load_checkpoint_file(path: str, allow_unsafe: bool = False, map_location='cpu'):
-    """``torch.load`` a checkpoint safely (``weights_only=True``).
-
-    Args:
-        path (str): the file.
-        allow_unsafe (bool): fall back to full unpickling (runs code from the file).
-            Only for files you trust. Default: False.
-
-    Raises:
-        FileNotFoundError: when the file does not exist, naming it.
-        UnsafeCheckpointError: when it holds more than tensors and plain containers.
-    """
-    import os
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f'checkpoint file not found: {path}')
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - pickle errors come in several types
-        if not allow_unsafe:
-            raise UnsafeCheckpointError(
-                f'{path} cannot be loaded with weights_only=True: it contains Python objects '
-                f'beyond tensors ({str(exc).splitlines()[0]}). Loading it would run code from '
-                'the file. If you trust it, opt in: init_cfg=dict(type="Pretrained", '
-                'checkpoint=..., allow_unsafe=True), or --allow-unsafe for the converter; '
-                'or re-save only its state dict.') from exc
-        return torch.load(path, map_location=map_location, weights_only=False)
+def _describe(key, value) -> str:
+    return f'{key} ({value.pickled_as})' if isinstance(value, SetAside) else str(key)
 
 
-def unwrap_state_dict(obj) -> Dict[str, torch.Tensor]:
-    """Find the state dict in a checkpoint and strip ``module.`` / ``backbone.`` prefixes."""
+def split_checkpoint(obj) -> Tuple[Dict[str, torch.Tensor], List[str]]:
+    """The state dict of a checkpoint (``module.`` / ``backbone.`` stripped) and what
+    else the file held, as ``['config (yacs.config.CfgNode)', 'optimizer', ...]``."""
+    if isinstance(obj, SetAside):
+        raise TypeError(f'the checkpoint is a pickled {obj.pickled_as} object, not a state '
+                        'dict; re-save it with torch.save({"model": model.state_dict()}, path)')
     if not isinstance(obj, dict):
         raise TypeError(f'a checkpoint must be a dict, got {type(obj).__name__}')
-    for key in ('state_dict', 'model', 'model_ema', 'module'):
+    ignored = []
+    for key in _STATE_DICT_KEYS:
         if key in obj and isinstance(obj[key], dict):
+            ignored = [_describe(k, v) for k, v in obj.items() if k != key]
             obj = obj[key]
             break
     sd = OrderedDict((k, v) for k, v in obj.items() if isinstance(v, torch.Tensor))
+    ignored += [_describe(k, v) for k, v in obj.items() if not isinstance(v, torch.Tensor)]
     if not sd:
         raise ValueError('no tensors found in the checkpoint (expected a state dict, or a dict '
                          "with 'model' / 'state_dict')")
@@ -78,7 +63,12 @@ def unwrap_state_dict(obj) -> Dict[str, torch.Tensor]:
     if any(k.startswith('backbone.') for k in sd):  # a detector / segmentor checkpoint
         sd = OrderedDict((k[len('backbone.'):], v) for k, v in sd.items()
                          if k.startswith('backbone.'))
-    return sd
+    return sd, ignored
+
+
+def unwrap_state_dict(obj) -> Dict[str, torch.Tensor]:
+    """Find the state dict in a checkpoint and strip ``module.`` / ``backbone.`` prefixes."""
+    return split_checkpoint(obj)[0]
 
 
 def detect_family(sd: Dict[str, torch.Tensor]) -> Optional[str]:
@@ -127,7 +117,9 @@ def load_pretrained(model: torch.nn.Module, path: str, family: str, allow_unsafe
             naming the family the checkpoint looks like.
     """
     from mmengine.logging import print_log
-    sd = convert_checkpoint(load_checkpoint_file(path, allow_unsafe), family)
+    obj = load_weights(path, allow_unsafe=allow_unsafe)
+    ignored = split_checkpoint(obj)[1]
+    sd = convert_checkpoint(obj, family)
     if hasattr(model, 'adapt_pretrained'):
         sd = model.adapt_pretrained(sd)
     own = model.state_dict()
@@ -150,6 +142,9 @@ def load_pretrained(model: torch.nn.Module, path: str, family: str, allow_unsafe
                            f'{mismatched[:3]}')
     model.load_state_dict(loadable, strict=False)
     print_log(report, logger=logger or 'current')
+    if ignored:
+        print_log(f'{family}: ignored (not weights) in {path}: {", ".join(ignored)}',
+                  logger=logger or 'current')
     for title, keys in (('missing', missing), ('unexpected', unexpected),
                         ('shape mismatch', mismatched)):
         if keys:

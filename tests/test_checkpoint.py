@@ -6,8 +6,8 @@ import sys
 import pytest
 import torch
 
-from mmplugin_inline.checkpoint import (UnsafeCheckpointError, detect_family,
-                                        load_checkpoint_file, unwrap_state_dict)
+from mmplugin_inline.checkpoint import detect_family, unwrap_state_dict
+from mmplugin_inline.loading import SetAside, load_weights
 from mmplugin_inline.registry import MODELS
 
 from fidelity import backbone_cfg, load_fixture
@@ -66,29 +66,27 @@ def test_a_checkpoint_of_another_size_is_an_error(tmp_path):
 
 def test_missing_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match='nowhere.pth'):
-        load_checkpoint_file(str(tmp_path / 'nowhere.pth'))
+        load_weights(str(tmp_path / 'nowhere.pth'))
 
 
 class _Payload:
     """An arbitrary Python object: unpickling it would run code from the file."""
 
 
-def test_files_with_python_objects_need_an_explicit_opt_in(tmp_path):
-    path = tmp_path / 'unsafe.pth'
+def test_files_with_python_objects_load_as_data_and_the_opt_in_still_unpickles(tmp_path):
+    path = tmp_path / 'with_objects.pth'
     torch.save({'model': load_fixture('deit')['checkpoint']['model'], 'extra': _Payload()}, path)
-    with pytest.raises(UnsafeCheckpointError, match='allow_unsafe=True'):
-        load_checkpoint_file(str(path))
+    assert isinstance(load_weights(str(path))['extra'], SetAside)  # no opt-in needed
+    assert isinstance(load_weights(str(path), allow_unsafe=True)['extra'], _Payload)
     fixture = load_fixture('deit')
     cfg = backbone_cfg('deit', fixture['arch'])
-    cfg['init_cfg'] = dict(type='Pretrained', checkpoint=str(path))
-    with pytest.raises(UnsafeCheckpointError):
-        MODELS.build(cfg).init_weights()
-    cfg['init_cfg']['allow_unsafe'] = True
-    model = MODELS.build(cfg)
-    model.init_weights()  # opted in: loads
-    with torch.no_grad():
-        out = model.eval()(fixture['cases'][0]['input'])
-    assert (out[-1] - fixture['cases'][0]['stage_outputs'][-1]).abs().max() <= 1e-4
+    for allow_unsafe in (False, True):
+        cfg['init_cfg'] = dict(type='Pretrained', checkpoint=str(path), allow_unsafe=allow_unsafe)
+        model = MODELS.build(cfg)
+        model.init_weights()
+        with torch.no_grad():
+            out = model.eval()(fixture['cases'][0]['input'])
+        assert (out[-1] - fixture['cases'][0]['stage_outputs'][-1]).abs().max() <= 1e-4
 
 
 def test_unwrap_and_detect():
@@ -115,10 +113,11 @@ def test_offline_converter_cli(family, tmp_path):
         assert (ours - theirs).abs().max() <= 1e-4
 
 
-def test_converter_cli_refuses_unsafe_files_without_opt_in(tmp_path):
-    src = tmp_path / 'unsafe.pth'
+def test_converter_cli_reads_files_with_python_objects_as_data(tmp_path):
+    src = tmp_path / 'with_objects.pth'
     torch.save({'model': load_fixture('deit')['checkpoint']['model'], 'x': _Payload()}, src)
     cmd = [sys.executable, 'tools/model_converters/inline2mm.py', str(src), str(tmp_path / 'o.pth')]
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    assert res.returncode == 1 and '--allow-unsafe' in res.stderr
-    assert not (tmp_path / 'o.pth').exists()
+    assert res.returncode == 0, res.stderr
+    assert 'ignored (not weights): x (test_checkpoint._Payload)' in res.stdout
+    assert (tmp_path / 'o.pth').exists()

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from mmplugin_inline.checkpoint import UnsafeCheckpointError
+from mmplugin_inline.loading import (UnsafeCheckpointError, load_run_checkpoint,
+                                     mmengine_checkpoint_loading)
 from mmplugin_inline.utils.preflight import dataset_problems, format_problems, preflight
-from mmplugin_inline.utils.safe_load import load_local_checkpoint, mmengine_checkpoint_loading
 from tiny_models import REPO, SHAPES, det_run_config, seg_run_config
 
 PYTHON = sys.executable
@@ -60,7 +60,7 @@ def _scalars(work_dir):
 
 
 def _checkpoint_meta(path):
-    return load_local_checkpoint(path)['meta']
+    return load_run_checkpoint(path)['meta']
 
 
 # --------------------------------------------------------------------------- data set
@@ -173,17 +173,38 @@ def _mmengine_like_checkpoint(path):
                     state_dict={'w': torch.ones(2)}, message_hub=hub.state_dict()), path)
 
 
-def test_mmengine_checkpoints_need_the_allow_list_and_load_with_it(tmp_path):
+_SAFE_GLOBALS_SCRIPT = """
+import sys, torch
+before = set(map(str, torch.serialization.get_safe_globals()))
+try:
+    torch.load(sys.argv[1], weights_only=True)
+    print('loaded without the plugin')
+except Exception as exc:
+    print('refused without the plugin:', type(exc).__name__)
+import mmplugin_inline
+from mmplugin_inline.loading import mmengine_checkpoint_globals
+after = torch.serialization.get_safe_globals()
+# torch.distributed.tensor, which mmengine imports, registers its own DTensor classes
+added = {str(g) for g in after if str(g) not in before and
+         not getattr(g[0] if isinstance(g, tuple) else g, '__module__', '').startswith('torch.')}
+print('added exactly the mmengine list:', added == set(map(str, mmengine_checkpoint_globals())))
+ckpt = torch.load(sys.argv[1], weights_only=True)  # what mmengine's load_from_local does
+print('mean', ckpt['message_hub']['log_scalars']['train/loss'].mean())
+"""
+
+
+def test_importing_the_plugin_lets_torch_load_mmengine_checkpoints_and_no_more(tmp_path):
     path = str(tmp_path / 'run.pth')
     _mmengine_like_checkpoint(path)
-    with pytest.raises(pickle.UnpicklingError, match='HistoryBuffer|numpy|getattr'):
-        torch.load(path, weights_only=True)  # what mmengine 0.10.7 gets on torch >= 2.6
-    ckpt = load_local_checkpoint(path)
+    rc, out, _ = run_tool([PYTHON, '-c', _SAFE_GLOBALS_SCRIPT, path])
+    _ok(rc, out)
+    assert 'refused without the plugin: UnpicklingError' in out  # mmengine 0.10.7 on torch 2.6+
+    assert 'added exactly the mmengine list: True' in out
+    assert 'mean 0.375' in out
+    ckpt = load_run_checkpoint(path)
     buffer = ckpt['message_hub']['log_scalars']['train/loss']
     assert buffer.mean() == pytest.approx(0.375) and buffer.current() == 0.25
     assert ckpt['message_hub']['runtime_info']['best_score'] == np.float32(0.7)
-    with pytest.raises(pickle.UnpicklingError):  # the allow-list was scoped
-        torch.load(path, weights_only=True)
 
 
 def test_files_that_run_code_are_refused_unless_opted_in(tmp_path):
@@ -191,12 +212,12 @@ def test_files_that_run_code_are_refused_unless_opted_in(tmp_path):
     path = str(tmp_path / 'evil.pth')
     torch.save({'state_dict': {'w': torch.ones(1)}, 'extra': _RunsCode(marker)}, path)
     with pytest.raises(UnsafeCheckpointError, match='exec.*--allow-unsafe'):
-        load_local_checkpoint(path)
+        load_run_checkpoint(path)
     with mmengine_checkpoint_loading(), pytest.raises(UnsafeCheckpointError):
         from mmengine.runner.checkpoint import _load_checkpoint
         _load_checkpoint(path)  # mmengine's own entry point, inside the scope
     assert not osp.exists(marker)
-    load_local_checkpoint(path, allow_unsafe=True)  # the explicit opt-in
+    load_run_checkpoint(path, allow_unsafe=True)  # the explicit opt-in
     assert open(marker).read() == 'ran'
 
 
@@ -210,21 +231,23 @@ def test_only_history_buffer_methods_are_reachable_through_getattr(tmp_path):
     path = str(tmp_path / 'sneaky.pth')
     torch.save({'x': Sneaky()}, path)
     with pytest.raises(UnsafeCheckpointError):
-        load_local_checkpoint(path)
+        load_run_checkpoint(path)
 
 
-def test_pretrained_weights_that_run_code_are_refused(tmp_path):
-    """The other path: backbone init_cfg=Pretrained loads third-party files."""
+def test_pretrained_weights_that_would_run_code_load_as_data(tmp_path):
+    """The other path: backbone init_cfg=Pretrained reads third-party files as data only."""
     from mmplugin_inline.models import InLinePVT
     from tiny_models import TINY_BACKBONES
     marker = str(tmp_path / 'marker')
     path = str(tmp_path / 'pretrained.pth')
-    torch.save({'model': {'pos_embed1': torch.zeros(1)}, 'x': _RunsCode(marker)}, path)
+    source = InLinePVT(arch=TINY_BACKBONES['InLinePVT'][0])
+    torch.save({'model': source.state_dict(), 'x': _RunsCode(marker)}, path)
     model = InLinePVT(arch=TINY_BACKBONES['InLinePVT'][0],
                       init_cfg=dict(type='Pretrained', checkpoint=path))
-    with pytest.raises(UnsafeCheckpointError, match='allow_unsafe'):
-        model.init_weights()
+    model.init_weights()
     assert not osp.exists(marker)
+    for key, value in source.state_dict().items():
+        assert torch.equal(model.state_dict()[key], value), key
 
 
 # --------------------------------------------------------------------------- preflight
@@ -381,3 +404,60 @@ def test_dist_train_with_two_cpu_processes(shapes, tmp_path):
     # 4 images, 1 per process and step: 2 steps per epoch with 2 processes (4 with one)
     assert 'Epoch(train) [1][2/2]' in out
     assert _checkpoint_meta(osp.join(work, 'epoch_1.pth'))['iter'] == 2
+
+
+# --------------------------------------------------------------------------- stock tools
+
+# The core of mmdet's and mmseg's own tools/train.py and tools/test.py (3.x / 1.x): the
+# config's custom_imports is the only thing that imports the plugin.
+_STOCK_TOOL = """
+import sys
+from mmengine.config import Config
+from mmengine.runner import Runner
+config, work_dir, mode = sys.argv[1:4]
+cfg = Config.fromfile(config)
+cfg.launcher = 'none'
+cfg.work_dir = work_dir
+if mode == 'resume-auto':        # mmseg: --resume; mmdet: --resume without a path
+    cfg.resume, cfg.load_from = True, None
+elif mode == 'resume-path':      # mmdet: --resume CHECKPOINT
+    cfg.resume, cfg.load_from = True, sys.argv[4]
+elif mode == 'load_from':        # --cfg-options load_from=CHECKPOINT
+    cfg.load_from = sys.argv[4]
+if mode != 'test':
+    cfg.train_cfg.max_iters = int(sys.argv[5])
+    cfg.default_hooks.checkpoint.interval = int(sys.argv[5])
+    Runner.from_cfg(cfg).train()
+else:                            # tools/test.py CONFIG CHECKPOINT
+    cfg.load_from = sys.argv[4]
+    Runner.from_cfg(cfg).test()
+print('plugin imported by custom_imports:', 'mmplugin_inline' in sys.modules)
+"""
+
+
+@pytest.mark.slow
+def test_stock_runner_from_cfg_resumes_loads_and_tests_a_plugin_run(shapes, tmp_path):
+    config = tmp_path / 'upernet_tiny.py'
+    config.write_text(seg_run_config(SEG_CONFIG, shapes))
+    work = str(tmp_path / 'work')
+    rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/train.py'), str(config), '--work-dir',
+                           work])  # our tool writes the run: iter_2.pth
+    _ok(rc, out)
+
+    def stock(mode, *args):
+        rc, out, _ = run_tool([PYTHON, '-c', _STOCK_TOOL, str(config), work, mode, *args])
+        _ok(rc, out)
+        assert 'Weights only load failed' not in out
+        assert 'plugin imported by custom_imports: True' in out
+        return out
+
+    out = stock('resume-auto', '', '4')
+    assert 'resumed epoch: 0, iter: 2' in out
+    assert _checkpoint_meta(osp.join(work, 'iter_4.pth'))['iter'] == 4
+    out = stock('resume-path', osp.join(work, 'iter_4.pth'), '6')
+    assert 'resumed epoch: 0, iter: 4' in out
+    assert _checkpoint_meta(osp.join(work, 'iter_6.pth'))['iter'] == 6
+    out = stock('load_from', osp.join(work, 'iter_6.pth'), '1')
+    assert 'Load checkpoint from' in out and 'resumed' not in out
+    out = stock('test', osp.join(work, 'iter_6.pth'))
+    assert 'mIoU' in out

@@ -5,7 +5,7 @@
 
 The metrics are logged and written to WORK_DIR/TIMESTAMP/TIMESTAMP.json. The checkpoint
 is loaded with ``weights_only=True`` and an allow-list of what mmengine saves (see
-``mmplugin_inline.utils.safe_load``).
+``mmplugin_inline.loading``).
 """
 import argparse
 import sys

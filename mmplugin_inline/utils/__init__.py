@@ -1,1 +1,1 @@
-"""Utilities that do not depend on the models: environment checks, safe loading."""
+"""Utilities that do not depend on the models: environment checks, run set-up, preflight."""

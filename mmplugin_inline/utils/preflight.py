@@ -172,20 +172,34 @@ def weights_hint(path: str) -> str:
     return f'put the checkpoint there (the InLine authors publish theirs at {AUTHORS_PAGE})'
 
 
+def _url_problem(url: str, key: str) -> Optional[str]:
+    """A paragraph when the checkpoint URL set by ``key`` cannot be fetched, else None."""
+    from mmplugin_inline.loading import is_url, probe_url
+    if not is_url(url):
+        return None  # s3://, open-mmlab:// ...: left to mmengine's loaders
+    problem = probe_url(url)
+    return f'{problem} (set by {key})' if problem else None
+
+
 def checkpoint_problems(cfg, check_pretrained: bool = True) -> List[str]:
-    """Paragraphs for missing local checkpoints: pretrained weights named in the model
-    (when ``check_pretrained``) and ``load_from``."""
+    """Paragraphs for missing local checkpoints and unreachable checkpoint URLs:
+    pretrained weights named in the model (when ``check_pretrained``) and ``load_from``."""
     problems = []
     if check_pretrained:
         for key, path in _pretrained_entries(cfg.get('model'), 'model'):
-            if _is_remote(path) or osp.isfile(path):
+            if _is_remote(path):
+                problems += [p for p in [_url_problem(path, key)] if p]
+                continue
+            if osp.isfile(path):
                 continue
             problems.append(
                 f'The pretrained weights {path} ({osp.abspath(path)}, set by {key}) are '
                 f'missing. How to get them: {weights_hint(path)}. To train from scratch '
                 f'instead: --cfg-options {key.rsplit(".checkpoint", 1)[0]}=None.')
     load_from = cfg.get('load_from')
-    if load_from and not _is_remote(str(load_from)) and not osp.isfile(load_from):
+    if load_from and _is_remote(str(load_from)):
+        problems += [p for p in [_url_problem(str(load_from), 'load_from')] if p]
+    elif load_from and not osp.isfile(load_from):
         what = 'resume from' if cfg.get('resume') else 'load'
         problems.append(f'The checkpoint to {what}, {load_from} ({osp.abspath(load_from)}), '
                         'does not exist. Check the path (a training run writes them into its '
@@ -219,7 +233,8 @@ def preflight(cfg, mode: str) -> List[str]:
 
 def format_problems(problems: List[str]) -> str:
     """The text the tools print (one paragraph per problem)."""
-    head = 'Cannot start: a file the run needs is missing.' if len(problems) == 1 else \
-        f'Cannot start: {len(problems)} things the run needs are missing.'
+    head = ('Cannot start: a file the run needs is missing or cannot be fetched.'
+            if len(problems) == 1 else
+            f'Cannot start: {len(problems)} files the run needs are missing or cannot be fetched.')
     return '\n'.join([head] + [f'- {p}' for p in problems])
 

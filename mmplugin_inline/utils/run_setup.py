@@ -141,17 +141,18 @@ def preflight_or_fail(cfg, mode: str) -> None:
 
 def build_checked_runner(cfg, mode: str, allow_unsafe: bool = False):
     """Check the files (``mode``: 'train' / 'test'), set up the device, build the runner
-    and make it load its checkpoint safely (see :mod:`mmplugin_inline.utils.safe_load`)."""
-    from .safe_load import guard_runner_checkpoints
+    and make it load its checkpoint safely (see :mod:`mmplugin_inline.loading`)."""
+    from mmplugin_inline.loading import guard_runner_checkpoints
     preflight_or_fail(cfg, mode)
     prepare_cpu_distributed(cfg)
     return guard_runner_checkpoints(build_runner(cfg), allow_unsafe)
 
 
 def run_or_fail(step):
-    """Call ``step()`` (``runner.train`` / ``runner.test``); a refused checkpoint is a message."""
-    from mmplugin_inline.checkpoint import UnsafeCheckpointError
+    """Call ``step()`` (``runner.train`` / ``runner.test``); a checkpoint that cannot be
+    loaded (refused, damaged, not downloadable) is a message, not a traceback."""
+    from mmplugin_inline.loading import CheckpointError
     try:
         return step()
-    except UnsafeCheckpointError as exc:
+    except CheckpointError as exc:
         fail(str(exc))

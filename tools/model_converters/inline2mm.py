@@ -5,8 +5,9 @@
 The family is detected from the keys (or given with --family). The output is
 ``{'state_dict': ..., 'meta': ...}`` with the backbone's key names, no classifier and
 no buffers; ``init_cfg=dict(type='Pretrained', checkpoint=DST)`` loads it, as it loads
-the released file directly. Files are read with ``weights_only=True``; one that needs
-full unpickling is refused unless you pass --allow-unsafe (only for files you trust).
+the released file directly. SRC may be a local file or an http(s) URL (downloaded once
+into the cache). It is read as data only (``mmplugin_inline.loading.load_weights``):
+whatever else the file holds (optimizer, a yacs config, ...) is set aside, and listed.
 """
 import argparse
 import os
@@ -14,15 +15,15 @@ import sys
 
 import torch
 
-from mmplugin_inline.checkpoint import (DROPPED, FAMILY_SIGNATURES, UnsafeCheckpointError,
-                                        convert_checkpoint, detect_family,
-                                        load_checkpoint_file, unwrap_state_dict)
+from mmplugin_inline.checkpoint import (DROPPED, FAMILY_SIGNATURES, convert_checkpoint,
+                                        detect_family, split_checkpoint)
+from mmplugin_inline.loading import CheckpointError, load_weights
 
 
 def convert_file(src: str, dst: str, family: str = None, allow_unsafe: bool = False) -> dict:
     """Convert ``src`` into ``dst``; return a summary dict."""
-    obj = load_checkpoint_file(src, allow_unsafe=allow_unsafe)
-    raw = unwrap_state_dict(obj)
+    obj = load_weights(src, allow_unsafe=allow_unsafe)
+    raw, ignored = split_checkpoint(obj)
     detected = detect_family(raw)
     family = family or detected
     if family is None:
@@ -32,28 +33,32 @@ def convert_file(src: str, dst: str, family: str = None, allow_unsafe: bool = Fa
     os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
     torch.save({'state_dict': sd, 'meta': dict(source=os.path.basename(src), family=family)}, dst)
     return dict(family=family, detected=detected, entries_in=len(raw), entries_out=len(sd),
-                dropped=[k for k in raw if DROPPED.search(k)])
+                dropped=[k for k in raw if DROPPED.search(k)], ignored=ignored)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('src', help='released checkpoint ({"model": state_dict} or variants)')
+    parser.add_argument('src', help='released checkpoint ({"model": state_dict} or variants), '
+                                    'a local file or an http(s) URL')
     parser.add_argument('dst', help='output file')
     parser.add_argument('--family', choices=sorted(FAMILY_SIGNATURES),
                         help='override the detected family')
     parser.add_argument('--allow-unsafe', action='store_true',
-                        help='allow full unpickling of SRC (runs code in it; trusted files only)')
+                        help='full unpickling of SRC instead of the data-only reading (runs '
+                             'code in it; trusted files only; no common file needs it)')
     args = parser.parse_args(argv)
     try:
         summary = convert_file(args.src, args.dst, args.family, args.allow_unsafe)
-    except (FileNotFoundError, UnsafeCheckpointError, ValueError, TypeError) as exc:
+    except (FileNotFoundError, CheckpointError, ValueError, TypeError) as exc:
         print(f'error: {exc}', file=sys.stderr)
         return 1
     print(f"{args.src}: {summary['family']} checkpoint, {summary['entries_in']} entries -> "
           f"{summary['entries_out']} written to {args.dst}")
     if summary['dropped']:
         print(f"dropped (classifier / buffers): {summary['dropped']}")
+    if summary['ignored']:
+        print(f"ignored (not weights): {', '.join(summary['ignored'])}")
     return 0
 
 

@@ -1,0 +1,573 @@
+"""How every checkpoint file of the plugin is read: one policy, one module.
+
+Two kinds of file, two rules:
+
+* **Third-party weights** (the InLine authors' released files, a converted backbone,
+  anything named by ``init_cfg=dict(type='Pretrained', checkpoint=...)`` or given to the
+  converter) are read *as data only* (:func:`load_weights`). Tensors and plain
+  containers are rebuilt; every other object the file names (a yacs ``CfgNode``, an
+  ``argparse.Namespace``, an optimizer's classes, ``os.system`` in a malicious file, ...)
+  becomes an inert :class:`SetAside` placeholder. Nothing named in the file is imported
+  or called, so the authors' training-format files (``{'model', 'optimizer',
+  'lr_scheduler', 'max_accuracy', 'epoch', 'config'}``) load without yacs and without
+  an opt-in.
+* **The run's own mmengine checkpoints** (``--resume``, ``load_from``,
+  ``tools/test.py``) are read with ``torch.load(weights_only=True)`` and an exact
+  allow-list of what mmengine saves (:func:`mmengine_checkpoint_globals`). Importing the
+  package registers that allow-list with torch (:func:`register_mmengine_safe_globals`),
+  so mmdet's and mmseg's own ``tools/train.py`` resume plugin runs under torch >= 2.6.
+  A file that needs more is refused (:class:`UnsafeCheckpointError`).
+
+Full unpickling, which runs code from the file, happens only on the explicit opt-in
+``allow_unsafe=True`` (``--allow-unsafe``). Before either rule, a damaged file (empty,
+truncated, a web page saved under a ``.pth`` name) gets its own error
+(:class:`DamagedCheckpointError`), which never suggests ``allow_unsafe``.
+``http(s)://`` names are downloaded once into the cache (:func:`cached_file`).
+"""
+import contextlib
+import functools
+import inspect
+import os
+import os.path as osp
+import pickle
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+from typing import Iterator, List, Optional
+
+import torch
+
+__all__ = [
+    'CheckpointError', 'DamagedCheckpointError', 'UnsafeCheckpointError',
+    'CheckpointDownloadError', 'SetAside', 'load_weights', 'load_run_checkpoint',
+    'cached_file', 'cache_dir', 'url_file_name', 'probe_url', 'is_url',
+    'mmengine_checkpoint_globals', 'register_mmengine_safe_globals',
+    'mmengine_checkpoint_loading', 'guard_runner_checkpoints', 'check_checkpoint_file',
+]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be loaded; the message says why and what to do."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """The file needs full unpickling, which the caller has not allowed."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """The file is not a readable checkpoint: empty, truncated, a web page, ..."""
+
+
+class CheckpointDownloadError(CheckpointError):
+    """A checkpoint URL could not be fetched (404, refused connection, a web page)."""
+
+
+# --------------------------------------------------------------------------- damaged files
+
+_ZIP_MAGIC = b'PK\x03\x04'
+_PICKLE_PROTO = b'\x80'
+# what a download that stopped early, or a cloud share's landing page, tends to raise
+_DAMAGE_ERRORS = (EOFError, zipfile.BadZipFile, pickle.UnpicklingError, UnicodeDecodeError,
+                  ValueError, RuntimeError, OSError)
+
+
+def _looks_like_html(head: bytes) -> bool:
+    text = head.lstrip().lower()
+    return text.startswith((b'<!doctype html', b'<html', b'<head', b'<body', b'<?xml')) or \
+        (text.startswith(b'<') and b'<html' in text)
+
+
+def _human_size(size: int) -> str:
+    for unit in ('bytes', 'KiB', 'MiB', 'GiB'):
+        if size < 1024 or unit == 'GiB':
+            return f'{size} {unit}' if unit == 'bytes' else f'{size:.1f} {unit}'
+        size /= 1024
+    return str(size)
+
+
+def damage_of(path: str) -> Optional[str]:
+    """What is wrong with the file at ``path`` as a checkpoint, or None if it looks sound.
+
+    Looks at the size and the first bytes, and for the zip format (``torch.save``'s
+    since torch 1.6) at the archive's directory, which a truncated file lacks.
+    """
+    size = osp.getsize(path)
+    if size == 0:
+        return 'is empty (0 bytes): the download or copy did not happen or was cut off'
+    with open(path, 'rb') as f:
+        head = f.read(1024)
+    if _looks_like_html(head):
+        return (f'is a web page (HTML, {_human_size(size)}), not a checkpoint: this looks like '
+                'the page a cloud-share link shows in a browser. For cloud-share links add '
+                '`?dl=1` to the URL (e.g. https://cloud.tsinghua.edu.cn/f/KEY/?dl=1) and '
+                'download again')
+    if head.startswith(_ZIP_MAGIC):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except (zipfile.BadZipFile, OSError):
+            return (f'is truncated or corrupt ({_human_size(size)}): it starts like a torch.save '
+                    'zip checkpoint but its end (the zip directory) is missing; the download '
+                    'was probably interrupted. Download it again')
+        if not any(name.endswith('data.pkl') for name in names):
+            return (f'is a zip archive ({_human_size(size)}) but not a torch checkpoint (no '
+                    'data.pkl inside); was it saved with torch.jit.save, or is it a zipped '
+                    'folder?')
+        return None
+    if head.startswith(_PICKLE_PROTO):
+        return None  # a pickle (torch's legacy format); truncation shows when it is read
+    shown = head[:8].hex(' ')
+    return (f'is neither a torch.save zip checkpoint nor a pickle ({_human_size(size)}, starts '
+            f'with bytes {shown}); is it the right file?')
+
+
+def _damaged(path: str, reason: str) -> DamagedCheckpointError:
+    return DamagedCheckpointError(f'Checkpoint {path} {reason}.')
+
+
+def check_checkpoint_file(path: str) -> None:
+    """Raise ``FileNotFoundError`` / :class:`DamagedCheckpointError` for a bad local file."""
+    if not osp.isfile(path):
+        raise FileNotFoundError(f'checkpoint file not found: {path} ({osp.abspath(path)})')
+    reason = damage_of(path)
+    if reason:
+        raise _damaged(path, reason)
+
+
+def _read_failure(path: str, exc: BaseException) -> DamagedCheckpointError:
+    """The error for a file that passed :func:`damage_of` but could not be read."""
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return _damaged(path, f'could not be read ({_human_size(osp.getsize(path))}): '
+                          f'{type(exc).__name__}: {first}. It is probably truncated or corrupt '
+                          '(an interrupted download); download it again')
+
+
+# --------------------------------------------------------------------------- data-only loading
+
+class SetAside:
+    """An object of a checkpoint that was not rebuilt: a stand-in that holds its data.
+
+    A data-only load puts one of these wherever the file names something other than
+    tensors and plain containers. ``pickled_as`` is the name the file gave
+    (``'yacs.config.CfgNode'``); ``args``, ``state``, ``items`` and ``elements`` keep
+    what the file would have passed to it, as data. Nothing of the named module is
+    imported and nothing it names is called.
+    """
+    pickled_as = '?'
+
+    def __new__(cls, *args, **kwargs):
+        obj = object.__new__(cls)
+        obj.__dict__.update(args=args, kwargs=kwargs, state=None, items={}, elements=[])
+        return obj
+
+    def __init__(self, *args, **kwargs):  # the data was kept by __new__
+        pass
+
+    def __call__(self, *args, **kwargs):  # a pickled method of a set-aside object
+        return _placeholder_class(f'{self.pickled_as}(...)')(*args, **kwargs)
+
+    def __setstate__(self, state):
+        self.__dict__['state'] = state
+
+    def __setitem__(self, key, value):
+        self.items[key] = value
+
+    def append(self, value):
+        self.elements.append(value)
+
+    def extend(self, values):
+        self.elements.extend(values)
+
+    def __repr__(self):
+        return f'<set aside: {self.pickled_as}>'
+
+
+@functools.lru_cache(maxsize=None)
+def _placeholder_class(full_name: str) -> type:
+    """One :class:`SetAside` subclass per name the file uses (``module.qualname``)."""
+    return type(f'SetAside[{full_name}]', (SetAside,),
+                {'pickled_as': full_name, '__module__': __name__})
+
+
+@functools.lru_cache(maxsize=1)
+def _data_globals() -> dict:
+    """The globals a data-only load rebuilds for real: exactly torch's weights_only set
+    (tensors, storages, dtypes, ``OrderedDict``, ``torch.Size``, ...)."""
+    from torch import _weights_only_unpickler
+    return dict(_weights_only_unpickler._get_allowed_globals())
+
+
+class _DataOnlyUnpickler(pickle.Unpickler):
+    """Resolves every global to a real object only if torch's weights_only loader would,
+    and to a :class:`SetAside` placeholder otherwise (without importing its module)."""
+
+    def find_class(self, module, name):
+        full_name = f'{module}.{name}'
+        found = _data_globals().get(full_name)
+        if found is not None:
+            return found
+        return _placeholder_class(full_name)
+
+
+class _DataOnlyPickleModule:
+    """What ``torch.load(pickle_module=...)`` needs: ``Unpickler`` and ``load``."""
+    __name__ = 'mmplugin_inline_data_only'
+    Unpickler = _DataOnlyUnpickler
+
+    @staticmethod
+    def load(file, **kwargs):
+        return _DataOnlyUnpickler(file, **kwargs).load()
+
+
+def load_weights(path: str, map_location='cpu', allow_unsafe: bool = False):
+    """Read third-party weights (a file or an ``http(s)://`` URL) as data only.
+
+    Args:
+        path (str): a local file, or a URL (downloaded once, see :func:`cached_file`).
+        map_location: as for ``torch.load``. Default: 'cpu'.
+        allow_unsafe (bool): full unpickling instead (runs code from the file; only for
+            files you trust). Default: False.
+
+    Returns:
+        the loaded object; non-data objects are :class:`SetAside` placeholders.
+
+    Raises:
+        FileNotFoundError: no such file.
+        DamagedCheckpointError: empty, truncated, a web page, not a checkpoint.
+        CheckpointDownloadError: a URL that could not be fetched.
+    """
+    if is_url(path):
+        path = cached_file(path)
+    check_checkpoint_file(path)
+    if not allow_unsafe and os.environ.get('TORCH_FORCE_WEIGHTS_ONLY_LOAD', '0').lower() in (
+            '1', 'y', 'yes', 'true'):
+        # torch then refuses any custom unpickler; its own loader is the strictest reading
+        return load_run_checkpoint(path, map_location)
+    try:
+        if allow_unsafe:
+            return torch.load(path, map_location=map_location, weights_only=False)
+        return torch.load(path, map_location=map_location, weights_only=False,
+                          pickle_module=_DataOnlyPickleModule)
+    except _DAMAGE_ERRORS as exc:
+        raise _read_failure(path, exc) from exc
+
+
+# --------------------------------------------------------------------------- run checkpoints
+
+# numeric dtype classes (numpy >= 1.25 pickles a dtype by its class, e.g. Float64DType)
+_NUMERIC_DTYPES = ('BoolDType', 'Int8DType', 'Int16DType', 'Int32DType', 'Int64DType',
+                   'UInt8DType', 'UInt16DType', 'UInt32DType', 'UInt64DType', 'Float16DType',
+                   'Float32DType', 'Float64DType', 'LongDoubleDType', 'Complex64DType',
+                   'Complex128DType', 'ByteDType', 'UByteDType', 'ShortDType', 'UShortDType',
+                   'IntDType', 'UIntDType', 'LongDType', 'ULongDType', 'LongLongDType',
+                   'ULongLongDType')
+
+
+def _numpy_multiarray():
+    """numpy's ``multiarray`` module (``numpy._core`` from numpy 2, ``numpy.core`` before)."""
+    import numpy as np
+    core = getattr(np, '_core', None)
+    if core is not None and hasattr(core, 'multiarray'):
+        return core.multiarray
+    return np.core.multiarray
+
+
+def history_buffer_getattr(obj, name: str):
+    """``getattr`` as an mmengine checkpoint uses it, and nothing more.
+
+    A ``HistoryBuffer`` pickles its statistics methods (``HistoryBuffer.min``, ...) as
+    ``getattr(HistoryBuffer, 'min')``. The real ``builtins.getattr`` would let a file
+    reach any attribute of any allowed object, so the checkpoint's ``getattr`` is this:
+    public functions of ``HistoryBuffer`` only.
+    """
+    from mmengine.logging.history_buffer import HistoryBuffer
+    value = getattr(HistoryBuffer, name, None) if obj is HistoryBuffer else None
+    if name.startswith('_') or not inspect.isfunction(value):
+        raise pickle.UnpicklingError(
+            f'getattr({getattr(obj, "__name__", type(obj).__name__)}, {name!r}) is not '
+            'something an mmengine checkpoint needs (only HistoryBuffer methods are)')
+    return value
+
+
+def mmengine_checkpoint_globals() -> List[object]:
+    """The globals an mmengine checkpoint needs beyond torch's default allow-list.
+
+    ``HistoryBuffer`` (the message hub's logged scalars) with its statistics methods
+    (through :func:`history_buffer_getattr` in place of ``builtins.getattr``) and what
+    numpy arrays and scalars pickle to: ``ndarray`` / ``_reconstruct``, ``scalar``,
+    ``dtype`` and the numeric dtype classes. None of them runs code of the file's choosing.
+    """
+    import numpy as np
+    from mmengine.logging.history_buffer import HistoryBuffer
+    multiarray = _numpy_multiarray()
+    allowed = [HistoryBuffer, (history_buffer_getattr, 'builtins.getattr'), np.ndarray,
+               multiarray._reconstruct, multiarray.scalar, np.dtype]
+    dtypes = getattr(np, 'dtypes', None)
+    if dtypes is not None:
+        allowed += [getattr(dtypes, name) for name in _NUMERIC_DTYPES if hasattr(dtypes, name)]
+    return allowed
+
+
+def register_mmengine_safe_globals() -> bool:
+    """Add :func:`mmengine_checkpoint_globals` to torch's weights_only allow-list.
+
+    Called when the package is imported (``custom_imports`` does it), so that
+    mmengine's own ``torch.load`` calls (``--resume``, ``load_from`` in mmdet's and
+    mmseg's stock tools) read the run's checkpoints under torch >= 2.6. Exactly those
+    globals, nothing broader. Returns False on a torch without the allow-list API.
+    """
+    add = getattr(torch.serialization, 'add_safe_globals', None)
+    if add is None:
+        return False
+    add(mmengine_checkpoint_globals())
+    return True
+
+
+def _qualified_name(entry) -> str:
+    if isinstance(entry, tuple):
+        return entry[1]
+    return f'{entry.__module__}.{entry.__qualname__}'
+
+
+def _refusal(filename: str, exc: Exception) -> UnsafeCheckpointError:
+    """The error for a run checkpoint that needs more than the allow-list."""
+    needed = []
+    if hasattr(torch.serialization, 'get_unsafe_globals_in_checkpoint'):
+        allowed = {_qualified_name(g) for g in mmengine_checkpoint_globals()}
+        try:
+            needed = [name for name in torch.serialization.get_unsafe_globals_in_checkpoint(
+                filename) if name not in allowed]
+        except Exception:  # noqa: BLE001 - the listing is a courtesy
+            needed = []
+    if needed:
+        found = 'it needs ' + ', '.join(needed)
+    else:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        found = next((line for line in lines if 'Unsupported global' in line or
+                      'not something an mmengine checkpoint needs' in line),
+                     lines[-1] if lines else type(exc).__name__)
+    return UnsafeCheckpointError(
+        f'{filename} holds Python objects beyond tensors, plain containers and what mmengine '
+        f'itself saves ({found}). Loading it could run code from the file, so it is '
+        'refused. If you trust the file, opt in with --allow-unsafe (tools/train.py, '
+        'tools/test.py) or allow_unsafe=True; or re-save only its state dict with '
+        'torch.save({"state_dict": model_state}, path). Pretrained backbone weights do not '
+        "need this: give them as the backbone's init_cfg=dict(type='Pretrained', "
+        'checkpoint=...), which reads them as data only.')
+
+
+@contextlib.contextmanager
+def _mmengine_globals_scope() -> Iterator[None]:
+    """The allow-list in force for one load, whether or not it was registered globally."""
+    scoped = getattr(torch.serialization, 'safe_globals', None)
+    if scoped is None:
+        yield
+        return
+    with scoped(mmengine_checkpoint_globals()):
+        yield
+
+
+def load_run_checkpoint(filename: str, map_location=None, allow_unsafe: bool = False):
+    """Load one of the run's own checkpoints (``weights_only=True`` + mmengine allow-list).
+
+    Drop-in for mmengine's ``load_from_local`` (same signature); also takes URLs.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        DamagedCheckpointError: empty, truncated, a web page, not a checkpoint.
+        UnsafeCheckpointError: it needs more than the allow-list and ``allow_unsafe``
+            is False.
+    """
+    if is_url(filename):
+        filename = cached_file(filename)
+    filename = osp.expanduser(filename)
+    check_checkpoint_file(filename)
+    try:
+        if allow_unsafe:
+            return torch.load(filename, map_location=map_location, weights_only=False)
+        with _mmengine_globals_scope():
+            return torch.load(filename, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if 'Weights only load failed' in str(exc) or 'Unsupported global' in str(exc):
+            raise _refusal(filename, exc) from exc
+        raise _read_failure(filename, exc) from exc
+    except _DAMAGE_ERRORS as exc:
+        raise _read_failure(filename, exc) from exc
+
+
+@contextlib.contextmanager
+def mmengine_checkpoint_loading(allow_unsafe: bool = False) -> Iterator[None]:
+    """Within the block, mmengine reads checkpoints with :func:`load_run_checkpoint`.
+
+    Replaces the loaders that mmengine's ``CheckpointLoader`` uses for local paths and
+    for ``http://`` / ``https://`` URLs and restores them on exit; other schemes
+    (``s3://``, ...) are left as they are.
+    """
+    from mmengine.runner.checkpoint import CheckpointLoader
+
+    def load_checkpoint_of_the_run(filename, map_location=None):  # mmengine logs the name
+        return load_run_checkpoint(filename, map_location, allow_unsafe=allow_unsafe)
+
+    prefixes = ('', 'http://', 'https://')
+    previous = {p: CheckpointLoader._schemes.get(p) for p in prefixes}
+    for prefix in prefixes:
+        CheckpointLoader.register_scheme(prefix, load_checkpoint_of_the_run, force=True)
+    try:
+        yield
+    finally:
+        for prefix, loader in previous.items():
+            if loader is None:
+                CheckpointLoader._schemes.pop(prefix, None)
+            else:
+                CheckpointLoader.register_scheme(prefix, loader, force=True)
+
+
+def guard_runner_checkpoints(runner, allow_unsafe: bool = False):
+    """Make ``runner`` resume / ``load_from`` through :func:`mmengine_checkpoint_loading`.
+
+    Only the runner's ``load_or_resume`` step (what ``--resume``, ``load_from`` and
+    ``tools/test.py``'s checkpoint use) runs in that scope; model initialisation,
+    including pretrained backbone weights (read by :func:`load_weights`), does not.
+
+    Returns:
+        the runner, for chaining.
+    """
+    original = runner.load_or_resume
+
+    def load_or_resume():
+        with mmengine_checkpoint_loading(allow_unsafe):
+            return original()
+
+    runner.load_or_resume = load_or_resume
+    return runner
+
+
+# --------------------------------------------------------------------------- URLs
+
+def is_url(path) -> bool:
+    """Whether ``path`` is an ``http://`` or ``https://`` URL."""
+    return isinstance(path, str) and path.lower().startswith(('http://', 'https://'))
+
+
+def cache_dir() -> str:
+    """Where downloaded checkpoints go: torch hub's ``checkpoints`` folder (as mmengine's
+    own URL loading uses; ``TORCH_HOME`` moves it)."""
+    return osp.join(torch.hub.get_dir(), 'checkpoints')
+
+
+def url_file_name(url: str) -> str:
+    """The cache file name for ``url``: the last part of its path, not its query.
+
+    ``https://host/f/90ac52b1/?dl=1`` -> ``90ac52b1.pth``; ``.../swin_t.pth?x=1`` ->
+    ``swin_t.pth``. A name without a suffix gets ``.pth``.
+    """
+    parts = [p for p in urllib.parse.urlparse(url).path.split('/') if p]
+    if not parts:
+        raise ValueError(f'{url}: the URL has no path to name the downloaded file after')
+    name = urllib.parse.unquote(parts[-1])
+    return name if osp.splitext(name)[1] else name + '.pth'
+
+
+def _download_error(url: str, exc: BaseException) -> CheckpointDownloadError:
+    if isinstance(exc, urllib.error.HTTPError):
+        what = f'the server answered HTTP {exc.code} {exc.reason}'
+        if exc.code == 404:
+            what += ' (no file at that address: check the URL)'
+    elif isinstance(exc, urllib.error.URLError):
+        what = f'could not connect ({exc.reason}); check the address and your network'
+    else:
+        what = f'{type(exc).__name__}: {exc}'
+    return CheckpointDownloadError(
+        f'Could not download the checkpoint {url}: {what}. You can also download it yourself '
+        'and give the local path instead of the URL.')
+
+
+def _fetch(url: str, destination: str, progress: bool) -> None:
+    """Download ``url`` to ``destination`` (atomically, with a progress bar); refuse a web
+    page or a damaged file, leaving nothing in the cache."""
+    os.makedirs(osp.dirname(destination), exist_ok=True)
+    try:
+        torch.hub.download_url_to_file(url, destination, progress=progress)
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise _download_error(url, exc) from exc
+    reason = damage_of(destination)
+    if reason:
+        os.remove(destination)
+        if reason.startswith('is a web page'):
+            raise CheckpointDownloadError(
+                f'The checkpoint URL {url} returned a web page (HTML), not a checkpoint. For '
+                'cloud-share links add `?dl=1` to the URL (e.g. '
+                'https://cloud.tsinghua.edu.cn/f/KEY/?dl=1); otherwise open the link in a '
+                'browser and download the file yourself.')
+        raise CheckpointDownloadError(f'The file downloaded from {url} {reason}.')
+
+
+def _local_rank_and_world() -> tuple:
+    """This process's rank on its machine (the launchers' ``LOCAL_RANK``) and the world size."""
+    from mmengine.dist import get_dist_info
+    rank, world_size = get_dist_info()
+    if world_size == 1:
+        return 0, 1
+    return int(os.environ.get('LOCAL_RANK', rank)), world_size
+
+
+def cached_file(url: str, directory: Optional[str] = None, progress: Optional[bool] = None) -> str:
+    """The local path of ``url``'s file, downloading it into the cache the first time.
+
+    Under a distributed launcher only the local rank 0 of each machine downloads; the
+    other ranks wait for it, then read the cached file.
+
+    Args:
+        url (str): ``http://`` or ``https://`` address.
+        directory (str, optional): the cache. Default: :func:`cache_dir`.
+        progress (bool, optional): show a progress bar. Default: when stderr is a terminal.
+
+    Raises:
+        CheckpointDownloadError: 404, refused connection, a web page, a damaged file.
+    """
+    destination = osp.join(directory or cache_dir(), url_file_name(url))
+    if progress is None:
+        progress = hasattr(sys.stderr, 'isatty') and sys.stderr.isatty()
+    local_rank, world_size = _local_rank_and_world()
+    error = None
+    if local_rank == 0 and not osp.isfile(destination):
+        from mmengine.logging import print_log
+        print_log(f'Downloading {url} to {destination}', logger='current')
+        try:
+            _fetch(url, destination, progress)
+        except CheckpointDownloadError as exc:
+            error = exc
+    if world_size > 1:
+        import torch.distributed as dist
+        dist.barrier()
+    if error is not None:
+        raise error
+    if not osp.isfile(destination):
+        raise CheckpointDownloadError(
+            f'Could not download the checkpoint {url}: the process that downloads it (local '
+            f'rank 0) did not leave {destination}; see its log for the reason.')
+    return destination
+
+
+def probe_url(url: str, timeout: float = 10.0) -> Optional[str]:
+    """Why ``url`` cannot give a checkpoint (unreachable, 404, a web page), or None.
+
+    Cheap: reads the answer's headers and first bytes only; a URL already in the cache
+    is not contacted.
+    """
+    if osp.isfile(osp.join(cache_dir(), url_file_name(url))):
+        return None
+    request = urllib.request.Request(url, headers={'User-Agent': 'mmplugin_inline',
+                                                   'Range': 'bytes=0-1023'})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            head = answer.read(1024)
+            kind = answer.headers.get('Content-Type', '')
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return str(_download_error(url, exc))
+    if 'text/html' in kind or _looks_like_html(head):
+        return (f'The checkpoint URL {url} returns a web page (HTML), not a checkpoint. For '
+                'cloud-share links add `?dl=1` to the URL.')
+    return None

@@ -1,0 +1,345 @@
+"""The loading policy against files we did not make: the authors' training-format
+checkpoint, malicious pickles, damaged downloads, and weights served over real HTTP."""
+import importlib.util
+import logging
+import os
+import os.path as osp
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mmplugin_inline.loading import (CheckpointDownloadError, DamagedCheckpointError, SetAside,
+                                     cache_dir, cached_file, load_run_checkpoint, load_weights,
+                                     url_file_name)
+from mmplugin_inline.registry import MODELS
+from mmplugin_inline.utils.preflight import checkpoint_problems
+
+from fidelity import DATA, backbone_cfg, load_fixture
+from local_server import serve_folder
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+# written by the InLine authors' own utils.save_checkpoint_new (see
+# tests/data/make_training_format_checkpoint.py): model, optimizer, lr_scheduler,
+# max_accuracy, epoch and their yacs config
+AUTHORS_MAX_ACC = osp.join(DATA, 'inline_deit_mini_max_acc.pth')
+
+
+class _Logs(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def logs():
+    from mmengine.logging import MMLogger
+    handler = _Logs()
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(handler)
+    yield handler.lines
+    logger.removeHandler(handler)
+
+
+def _deit(checkpoint, **overrides):
+    fixture = load_fixture('deit')
+    cfg = backbone_cfg('deit', fixture['arch'], **overrides)
+    cfg['init_cfg'] = dict(type='Pretrained', checkpoint=str(checkpoint))
+    model = MODELS.build(cfg)
+    model.init_weights()
+    return model.eval(), fixture
+
+
+def _assert_reference_outputs(model, fixture):
+    with torch.no_grad():
+        outs = model(fixture['cases'][0]['input'])
+    for ours, theirs in zip(outs, fixture['cases'][0]['stage_outputs']):
+        assert (ours - theirs).abs().max() <= 1e-4
+
+
+# --------------------------------------------------------------------------- authors' files
+
+def test_the_authors_training_format_file_needs_yacs_for_a_full_unpickling():
+    """The fixture is what users download: torch's own loaders cannot read it without yacs."""
+    names = torch.serialization.get_unsafe_globals_in_checkpoint(AUTHORS_MAX_ACC)
+    assert 'yacs.config.CfgNode' in names
+    with pytest.raises(Exception, match='yacs'):
+        torch.load(AUTHORS_MAX_ACC, weights_only=True)
+    with pytest.raises(ModuleNotFoundError, match='yacs'):
+        torch.load(AUTHORS_MAX_ACC, weights_only=False)
+
+
+def test_authors_training_format_loads_as_data_without_yacs_or_opt_in(logs):
+    assert importlib.util.find_spec('yacs') is None, 'this test needs an environment without yacs'
+    obj = load_weights(AUTHORS_MAX_ACC)
+    assert set(obj) == {'model', 'optimizer', 'lr_scheduler', 'max_accuracy', 'epoch', 'config'}
+    assert isinstance(obj['config'], SetAside)
+    assert obj['config'].pickled_as == 'yacs.config.CfgNode'
+    assert obj['config'].items['MODEL'].items['NAME'] == 'inline_deit_tiny'  # kept as data
+    assert obj['epoch'] == 300 and obj['max_accuracy'] == 72.5
+    assert 'exp_avg' in next(iter(obj['optimizer']['state'].values()))
+    assert 'yacs' not in sys.modules
+
+    model, fixture = _deit(AUTHORS_MAX_ACC)
+    _assert_reference_outputs(model, fixture)
+    ignored = [line for line in logs if 'ignored (not weights)' in line]
+    assert len(ignored) == 1
+    for part in ('config (yacs.config.CfgNode)', 'optimizer', 'lr_scheduler', 'max_accuracy',
+                 'epoch'):
+        assert part in ignored[0]
+
+
+def test_converter_reads_the_authors_training_format(tmp_path):
+    dst = tmp_path / 'converted.pth'
+    res = subprocess.run([sys.executable, 'tools/model_converters/inline2mm.py', AUTHORS_MAX_ACC,
+                          str(dst)], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert 'InLineDeiT checkpoint' in res.stdout
+    assert 'ignored (not weights): ' in res.stdout and 'yacs.config.CfgNode' in res.stdout
+    converted = torch.load(dst, weights_only=True)  # plain data now
+    model, fixture = _deit(dst)
+    _assert_reference_outputs(model, fixture)
+    assert set(converted['state_dict']) <= set(model.state_dict()) | {'norm.weight', 'norm.bias'}
+
+
+# --------------------------------------------------------------------------- malicious pickles
+
+class _RunsCode:
+    """Unpickling this calls ``func(*args)``: code of the file's choosing."""
+
+    def __init__(self, func, *args):
+        self.func, self.args = func, args
+
+    def __reduce__(self):
+        return self.func, self.args
+
+
+@pytest.mark.parametrize('how', ['os.system', 'exec', 'eval', 'subprocess'])
+def test_a_pickle_that_would_run_code_loads_as_inert_data(how, tmp_path):
+    marker = tmp_path / 'marker'
+    payload = {
+        'os.system': _RunsCode(os.system, f'touch {marker}'),
+        'exec': _RunsCode(exec, f'open({str(marker)!r}, "w").write("ran")'),
+        'eval': _RunsCode(eval, f'open({str(marker)!r}, "w").write("ran")'),
+        'subprocess': _RunsCode(subprocess.call, ['touch', str(marker)]),
+    }[how]
+    path = tmp_path / 'evil.pth'
+    torch.save({'model': load_fixture('deit')['checkpoint']['model'], 'x': payload}, path)
+    obj = load_weights(str(path))
+    assert isinstance(obj['x'], SetAside) and not marker.exists()
+    model, fixture = _deit(path)  # and the weights next to it still load
+    _assert_reference_outputs(model, fixture)
+    assert not marker.exists()
+
+
+def test_nothing_named_in_the_file_is_imported(tmp_path, monkeypatch):
+    """Importing the module a file names would run that module's code: it never happens."""
+    marker = tmp_path / 'imported'
+    (tmp_path / 'side_effect_module.py').write_text(
+        f'open({str(marker)!r}, "w").write("imported")\n'
+        'class Settings:\n    def __init__(self):\n        self.lr = 0.1\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import side_effect_module
+    torch.save({'model': {'w': torch.ones(1)}, 'x': side_effect_module.Settings()},
+               tmp_path / 'f.pth')
+    marker.unlink()
+    code = ('import sys\n'
+            'from mmplugin_inline.loading import load_weights\n'
+            f'obj = load_weights({str(tmp_path / "f.pth")!r})\n'
+            'print("side_effect_module" in sys.modules, obj["x"].pickled_as, obj["x"].state)\n')
+    # the module is importable in the loading process too: only the policy keeps it out
+    res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=f'{ROOT}:{tmp_path}'))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ['False', 'side_effect_module.Settings', "{'lr':", '0.1}']
+    assert not marker.exists()
+
+
+def test_a_pickled_module_is_an_error_saying_what_to_save_instead(tmp_path):
+    path = tmp_path / 'whole_model.pth'
+    torch.save(torch.nn.Linear(2, 2), path)
+    with pytest.raises(TypeError, match='pickled torch.nn.modules.linear.Linear object'):
+        _deit(path)
+
+
+# --------------------------------------------------------------------------- damaged files
+
+def _released_file(tmp_path):
+    path = tmp_path / 'released.pth'
+    torch.save(load_fixture('deit')['checkpoint'], path)
+    return path
+
+
+def _damaged_files(tmp_path):
+    good = _released_file(tmp_path).read_bytes()
+    legacy = tmp_path / 'legacy.pth'
+    torch.save(load_fixture('deit')['checkpoint'], legacy, _use_new_zipfile_serialization=False)
+    files = {
+        'empty': (b'', 'is empty'),
+        'truncated': (good[:len(good) // 2], 'truncated or corrupt'),
+        'truncated legacy': (legacy.read_bytes()[:len(legacy.read_bytes()) // 3],
+                             'probably truncated or corrupt'),
+        'html': (b'<!DOCTYPE html>\n<html><head><title>Tsinghua Cloud</title></head></html>',
+                 'web page'),
+        'text': (b'Access denied\n', 'neither a torch.save zip checkpoint nor a pickle'),
+    }
+    paths = {}
+    for name, (data, _) in files.items():
+        paths[name] = tmp_path / (name.replace(' ', '_') + '.pth')
+        paths[name].write_bytes(data)
+    return {name: (paths[name], files[name][1]) for name in files}
+
+
+def test_damaged_files_get_their_own_error_everywhere(tmp_path):
+    for name, (path, expected) in _damaged_files(tmp_path).items():
+        loaders = {
+            'weights': lambda: load_weights(str(path)),
+            'run checkpoint': lambda: load_run_checkpoint(str(path)),
+            'backbone init_cfg': lambda: _deit(path),
+        }
+        for where, load in loaders.items():
+            with pytest.raises(DamagedCheckpointError) as info:
+                load()
+            message = str(info.value)
+            assert expected in message, (name, where, message)
+            assert str(path) in message and 'allow_unsafe' not in message, (name, where)
+            if name != 'empty':
+                assert f'{path.stat().st_size} bytes' in message or 'KiB' in message
+        if name == 'html':
+            assert '?dl=1' in message
+
+
+def test_converter_reports_a_damaged_file_without_a_traceback(tmp_path):
+    path, _ = _damaged_files(tmp_path)['truncated']
+    res = subprocess.run([sys.executable, 'tools/model_converters/inline2mm.py', str(path),
+                          str(tmp_path / 'o.pth')], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 1 and 'Traceback' not in res.stderr
+    assert 'truncated' in res.stderr and '--allow-unsafe' not in res.stderr
+
+
+# --------------------------------------------------------------------------- URLs
+
+@pytest.fixture
+def hub_dir(tmp_path, monkeypatch):
+    """torch hub's cache (where URLs are downloaded) in a temporary folder."""
+    previous = torch.hub.get_dir()
+    torch.hub.set_dir(str(tmp_path / 'hub'))
+    yield tmp_path / 'hub'
+    torch.hub.set_dir(previous)
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A folder served on 127.0.0.1: one checkpoint, one HTML page, nothing else."""
+    root = tmp_path / 'served'
+    (root / 'f' / '2f3898b07e9247f3beb3').mkdir(parents=True)
+    torch.save(load_fixture('deit')['checkpoint'],
+               root / 'f' / '2f3898b07e9247f3beb3' / 'inline_deit_s.pth')
+    (root / 'share').mkdir()
+    (root / 'share' / 'landing.html').write_text('<!DOCTYPE html><html><body>Download</body>'
+                                                  '</html>')
+    with serve_folder(str(root)) as (base, requests):
+        yield base, requests
+
+
+def _closed_port_url():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    return f'http://127.0.0.1:{port}/weights.pth'  # nothing listens there any more
+
+
+def test_url_file_names_come_from_the_path_not_the_query():
+    assert url_file_name('https://cloud.tsinghua.edu.cn/f/2f3898b07e9247f3beb3/?dl=1') == \
+        '2f3898b07e9247f3beb3.pth'
+    assert url_file_name('https://host/x/swin_tiny.pth?raw=true') == 'swin_tiny.pth'
+
+
+def test_weights_by_url_download_once_then_come_from_the_cache(server, hub_dir, logs):
+    base, requests = server
+    url = f'{base}/f/2f3898b07e9247f3beb3/?dl=1'
+    model, fixture = _deit(url)
+    _assert_reference_outputs(model, fixture)
+    cached = hub_dir / 'checkpoints' / '2f3898b07e9247f3beb3.pth'
+    assert cached.is_file() and cache_dir() == str(hub_dir / 'checkpoints')
+    assert requests == ['/f/2f3898b07e9247f3beb3/?dl=1']
+    assert any('Downloading' in line and url in line for line in logs)
+    model, fixture = _deit(url)  # a repeat run: from the cache, no request
+    _assert_reference_outputs(model, fixture)
+    assert len(requests) == 1
+
+
+def test_bad_urls_get_clear_errors_naming_them(server, hub_dir):
+    base, _ = server
+    cases = {f'{base}/f/missing/?dl=1': 'HTTP 404',
+             f'{base}/share/': 'returned a web page',
+             _closed_port_url(): 'could not connect'}
+    for url, expected in cases.items():
+        with pytest.raises(CheckpointDownloadError) as info:
+            _deit(url)
+        assert url in str(info.value) and expected in str(info.value)
+    assert not os.listdir(hub_dir / 'checkpoints')  # nothing half-written in the cache
+    with pytest.raises(CheckpointDownloadError, match=r'\?dl=1'):
+        cached_file(f'{base}/share/')
+
+
+def test_preflight_reports_unreachable_urls_before_anything_is_built(server, hub_dir):
+    from mmengine.config import Config
+    base, requests = server
+    good = f'{base}/f/2f3898b07e9247f3beb3/?dl=1'
+    missing, page, refused = f'{base}/f/missing/?dl=1', f'{base}/share/', _closed_port_url()
+    cfg = Config(dict(model=dict(backbone=dict(init_cfg=dict(type='Pretrained',
+                                                             checkpoint=good))),
+                      load_from=None))
+    assert checkpoint_problems(cfg) == []
+    assert not (hub_dir / 'checkpoints').exists()  # a probe downloads nothing
+    for url, expected in ((missing, '404'), (page, 'web page'), (refused, 'could not connect')):
+        cfg.model.backbone.init_cfg.checkpoint = url
+        problems = checkpoint_problems(cfg)
+        assert len(problems) == 1 and url in problems[0] and expected in problems[0]
+        assert 'model.backbone.init_cfg.checkpoint' in problems[0]
+    cfg.model.backbone.init_cfg.checkpoint = good
+    cfg.load_from = missing
+    problems = checkpoint_problems(cfg)
+    assert len(problems) == 1 and 'load_from' in problems[0]
+
+
+_RANK_SCRIPT = """
+import os, sys, torch, torch.distributed as dist
+dist.init_process_group('gloo')
+from mmplugin_inline.loading import cached_file, load_weights
+torch.hub.set_dir(sys.argv[2])
+path = cached_file(sys.argv[1])
+obj = load_weights(sys.argv[1])
+print('rank', dist.get_rank(), path, len(obj['model']))
+dist.destroy_process_group()
+"""
+
+
+def test_under_a_distributed_launcher_only_local_rank_0_downloads(server, tmp_path):
+    base, requests = server
+    url = f'{base}/f/2f3898b07e9247f3beb3/?dl=1'
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, PYTHONPATH=ROOT, RANK=str(rank), LOCAL_RANK=str(rank),
+                   WORLD_SIZE='2', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port),
+                   OMP_NUM_THREADS='1')
+        procs.append(subprocess.Popen([sys.executable, '-c', _RANK_SCRIPT, url,
+                                       str(tmp_path / 'hub')], env=env, cwd=ROOT,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    outs = [p.communicate(timeout=120) for p in procs]
+    for proc, (out, err) in zip(procs, outs):
+        assert proc.returncode == 0, err[-3000:]
+    assert requests == ['/f/2f3898b07e9247f3beb3/?dl=1']  # one download for both ranks
+    entries = len(load_fixture('deit')['checkpoint']['model'])
+    for rank, (out, _) in enumerate(outs):
+        assert f'rank {rank} ' in out and out.strip().endswith(str(entries))
