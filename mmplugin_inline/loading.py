@@ -360,12 +360,21 @@ def _refusal(filename: str, exc: Exception) -> UnsafeCheckpointError:
 
 @contextlib.contextmanager
 def _mmengine_globals_scope() -> Iterator[None]:
-    """The allow-list in force for one load, whether or not it was registered globally."""
+    """The allow-list in force for one load, whether or not it was registered globally.
+
+    Only the entries not registered already are scoped: torch's ``safe_globals`` removes
+    on exit what it added, which would undo :func:`register_mmengine_safe_globals`.
+    """
     scoped = getattr(torch.serialization, 'safe_globals', None)
     if scoped is None:
         yield
         return
-    with scoped(mmengine_checkpoint_globals()):
+    registered = torch.serialization.get_safe_globals()
+    missing = [g for g in mmengine_checkpoint_globals() if g not in registered]
+    if not missing:
+        yield
+        return
+    with scoped(missing):
         yield
 
 

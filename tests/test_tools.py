@@ -190,6 +190,10 @@ added = {str(g) for g in after if str(g) not in before and
 print('added exactly the mmengine list:', added == set(map(str, mmengine_checkpoint_globals())))
 ckpt = torch.load(sys.argv[1], weights_only=True)  # what mmengine's load_from_local does
 print('mean', ckpt['message_hub']['log_scalars']['train/loss'].mean())
+from mmplugin_inline.loading import load_run_checkpoint
+load_run_checkpoint(sys.argv[1])  # our loader's scoped allow-list leaves the registration
+torch.load(sys.argv[1], weights_only=True)
+print('still registered after our loader')
 """
 
 
@@ -200,7 +204,7 @@ def test_importing_the_plugin_lets_torch_load_mmengine_checkpoints_and_no_more(t
     _ok(rc, out)
     assert 'refused without the plugin: UnpicklingError' in out  # mmengine 0.10.7 on torch 2.6+
     assert 'added exactly the mmengine list: True' in out
-    assert 'mean 0.375' in out
+    assert 'mean 0.375' in out and 'still registered after our loader' in out
     ckpt = load_run_checkpoint(path)
     buffer = ckpt['message_hub']['log_scalars']['train/loss']
     assert buffer.mean() == pytest.approx(0.375) and buffer.current() == 0.25
