@@ -17,6 +17,10 @@ from tiny_models import REPO, config_files, shrink_model
 
 CONFIGS = config_files()
 ODD_SIZES = [(61, 83), (77, 53)]
+# the position parameters a family keeps out of weight decay in the Swin detection recipe
+# (CSWin has none: its positional term is a convolution, LePE)
+POSITION_TABLES = {'InLineSwinTransformer': ['relative_position_bias_table'],
+                   'InLineDeiT': ['pos_embed', 'cls_token']}
 FAMILY_PREFIX = {'InLinePVT': 'inline_pvt', 'InLineSwinTransformer': 'inline_swin',
                  'InLineCSWinTransformer': 'inline_cswin', 'InLineDeiT': 'inline_deit'}
 
@@ -38,7 +42,8 @@ def test_the_configs_of_the_issue_are_all_there():
         [f'mask-rcnn_inline-swin-{a}_fpn_{s}_coco.py' for a in 'ts' for s in ('1x', 'ms-crop-3x')] +
         [f'cascade-mask-rcnn_inline-swin-{a}_fpn_{s}_coco.py' for a in 'tsb'
          for s in ('1x', 'ms-crop-3x')] +
-        ['mask-rcnn_inline-cswin-t_fpn_1x_coco.py', 'mask_rcnn_inline_pvt.py'] +
+        ['mask-rcnn_inline-cswin-t_fpn_1x_coco.py', 'mask_rcnn_inline_pvt.py',
+         'mask-rcnn_inline-deit-s_sfp_1x_coco.py'] +
         [f'fpn_inline-pvt-{a}_8xb4-40k_ade20k-512x512.py' for a in 'tsml'] +
         [f'upernet_inline-swin-{a}_8xb2-160k_ade20k-512x512.py' for a in 'tsb'] +
         ['upernet_inline-cswin-t_8xb2-160k_ade20k-512x512.py',
@@ -86,12 +91,16 @@ def test_detection_configs_follow_their_family_recipe(path):
         assert cfg.train_dataloader.dataset.pipeline[3].type == 'RandomChoice'
     else:  # single scale 1333x800
         assert [(t.type, t.scale) for t in resize] == [('Resize', (1333, 800))]
-    if cfg.model.backbone.type == 'InLinePVT':
+    backbone = cfg.model.backbone.type
+    if backbone == 'InLinePVT':
         assert (opt.lr, opt.weight_decay) == (1e-4, 1e-4)
-    else:  # Swin / CSWin recipe: no decay on norms and position tables
+    else:  # Swin recipe (also for CSWin, DeiT): no decay on norms and position tables
         assert (opt.lr, opt.weight_decay) == (1e-4, 0.05)
         keys = cfg.optim_wrapper.paramwise_cfg.custom_keys
-        assert keys.norm.decay_mult == 0 and keys.relative_position_bias_table.decay_mult == 0
+        assert keys.norm.decay_mult == 0
+        assert all(keys[k].decay_mult == 0 for k in POSITION_TABLES.get(backbone, []))
+    if backbone == 'InLineDeiT':  # one stride-16 map: the pyramid is the neck's
+        assert cfg.model.neck.type == 'SimpleFeaturePyramid'
     if cfg.model.type == 'CascadeRCNN':
         heads = cfg.model.roi_head.bbox_head
         assert len(heads) == 3 and {h.loss_bbox.type for h in heads} == {'GIoULoss'}
@@ -208,6 +217,10 @@ def test_model_builds_and_runs_loss_and_predict_on_two_odd_sizes(path):
     total.backward()
     grads = [p.grad for p in model.backbone.parameters() if p.requires_grad]
     assert any(g is not None and g.abs().sum() > 0 for g in grads)
+    # DDP with find_unused_parameters=False (mmengine's default) needs a gradient, even a
+    # zero one, for every trainable parameter of the model after each backward
+    no_grad = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    assert not no_grad, f'parameters without a gradient (DDP would fail): {no_grad}'
 
     model.eval()
     for image, sample, hw in zip(images, samples, ODD_SIZES):

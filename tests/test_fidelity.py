@@ -32,8 +32,9 @@ def _pooled(family, model, x, raw_outs, outs):
 def test_stage_outputs_and_pooled_feature_match_the_authors(family, tmp_path):
     fixture = load_fixture(family)
     raw_kwargs = {} if family == 'deit' else dict(out_norm=False)
+    normed_kwargs = dict(final_norm=True) if family == 'deit' else {}  # DeiT: norm only then
     raw = _build(family, fixture, tmp_path, **raw_kwargs)
-    normed = _build(family, fixture, tmp_path)
+    normed = _build(family, fixture, tmp_path, **normed_kwargs)
     for case in fixture['cases']:
         x = case['input']
         with torch.no_grad():

@@ -4,6 +4,7 @@ from typing import Dict, Tuple
 import torch
 import torch.nn as nn
 from mmcv.cnn import build_norm_layer
+from mmengine.logging import print_log
 
 from mmplugin_inline.core import nlc_to_nchw
 from mmplugin_inline.models.layers import (GlobalAttention, PatchEmbed, TransformerBlock,
@@ -35,8 +36,14 @@ class InLineDeiT(InLineBackbone):
         drop_rate (float): Default: 0.
         drop_path_rate (float): Default: 0.1.
         out_indices (Sequence[int]): blocks whose output is returned. Default: (3, 5, 7, 11).
-        final_norm (bool): apply the final LayerNorm to the output of the last block.
-            Default: False.
+        final_norm (bool): apply the final LayerNorm (``norm``, the released checkpoints'
+            last norm) to the output of the last block. Only with ``final_norm=True`` is
+            ``norm`` built, so that every parameter is used (as DDP with
+            ``find_unused_parameters=False`` needs); then the last block (``depth - 1``,
+            or -1) must be among ``out_indices``, else a ValueError says so rather than
+            building a norm that is never applied. With False, a checkpoint's
+            ``norm.weight`` / ``norm.bias`` are dropped on loading, and the drop is
+            logged. Default: False.
         frozen_stages (int): 0 freezes the patch embedding, cls token and position
             embedding; k also the first k blocks. Default: -1.
         norm_eval, with_cp, init_cfg: see :class:`InLineBackbone`.
@@ -74,7 +81,14 @@ class InLineDeiT(InLineBackbone):
                              mlp_ratio, dpr[j], drop_rate, norm_cfg, act_cfg)
             for j in range(depth)])
         self.final_norm = final_norm
-        self.norm = build_norm_layer(norm_cfg, dim)[1]
+        if final_norm:
+            if depth - 1 not in self.out_indices:
+                raise ValueError(
+                    'InLineDeiT: final_norm=True normalises the output of the last block '
+                    f'({depth - 1}), but out_indices={self.out_indices} does not return it, so '
+                    f'the norm would never be used; add {depth - 1} (or -1) to out_indices '
+                    'or set final_norm=False')
+            self.norm = build_norm_layer(norm_cfg, dim)[1]
         self._init_from_scratch()
 
     def stage_modules(self):
@@ -82,7 +96,17 @@ class InLineDeiT(InLineBackbone):
         return [stem] + [stem + [blk] for blk in self.blocks]
 
     def adapt_pretrained(self, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        """Resize a released position embedding trained at another size."""
+        """Adapt a released checkpoint's state dict to this model.
+
+        Resizes a position embedding trained at another size. Without ``final_norm`` the
+        checkpoint's final norm (``norm.weight`` / ``norm.bias``) has no place in the model:
+        it is dropped, and the drop logged, rather than reported as unexpected keys.
+        """
+        if not self.final_norm:
+            dropped = [k for k in ('norm.weight', 'norm.bias') if sd.pop(k, None) is not None]
+            if dropped:
+                print_log(f'InLineDeiT: dropped {", ".join(dropped)} of the checkpoint: '
+                          'final_norm=False does not use a final norm', logger='current')
         pos = sd.get('pos_embed')
         if pos is not None and pos.shape != self.pos_embed.shape:
             side = int(round((pos.shape[1] - 1) ** 0.5))

@@ -1,0 +1,39 @@
+"""Distributed training without ``find_unused_parameters``: every parameter of the model
+must get a gradient in every step, else DDP stops at the start of the second one."""
+import os.path as osp
+
+import pytest
+from mmengine.config import Config
+
+from test_tools import PYTHON, _checkpoint_meta, _free_port, _ok, run_tool
+from test_tools import shapes  # noqa: F401,F811 - the fixture: 4 training images
+from tiny_models import REPO, det_run_config
+
+DEIT_DET_CONFIG = osp.join(REPO, 'configs/inline_deit/mask-rcnn_inline-deit-s_sfp_1x_coco.py')
+# mmengine's default wrapper, spelled out: the DDP reducer expects a gradient for every
+# parameter and raises "Expected to have finished reduction in the prior iteration" in
+# the forward of the next step when one had none
+STRICT_DDP = """
+model_wrapper_cfg = dict(type='MMDistributedDataParallel', find_unused_parameters=False,
+                         broadcast_buffers=False)
+train_cfg = dict(max_epochs=1, val_interval=2)  # train only: no validation after the epoch
+"""
+
+
+@pytest.mark.slow
+def test_deit_mask_rcnn_trains_with_ddp_without_find_unused_parameters(shapes, tmp_path):
+    config = tmp_path / 'mask-rcnn_inline-deit_tiny.py'
+    config.write_text(det_run_config(DEIT_DET_CONFIG, shapes + '/', batch_size=1) + STRICT_DDP)
+    cfg = Config.fromfile(str(config))
+    assert cfg.model.backbone.type == 'InLineDeiT'
+    assert 'final_norm' not in cfg.model.backbone  # the default, False: no final norm
+    assert cfg.model_wrapper_cfg.find_unused_parameters is False
+    work = str(tmp_path / 'work')
+    rc, out, _ = run_tool(['bash', osp.join(REPO, 'tools/dist_train.sh'), str(config), '2',
+                           '--work-dir', work],
+                          env=dict(PYTHON=PYTHON, PORT=str(_free_port()), OMP_NUM_THREADS='1'))
+    _ok(rc, out)
+    assert 'Distributed training: True' in out
+    # 4 images, 1 per process and step: 2 steps, the second being where DDP would fail
+    assert 'Epoch(train) [1][2/2]' in out
+    assert _checkpoint_meta(osp.join(work, 'epoch_1.pth'))['iter'] == 2
