@@ -1,4 +1,5 @@
-"""TimeBudgetHook: a real mmengine run ends on time, validates, and follows the schedule."""
+"""TimeBudgetHook: a real mmengine run ends on time, validates, follows the schedule and
+resumes where it stopped."""
 import math
 import time
 
@@ -6,12 +7,14 @@ import pytest
 import torch
 import torch.nn as nn
 from mmengine.evaluator import BaseMetric
+from mmengine.hooks import Hook
 from mmengine.model import BaseModel
 from mmengine.registry import DefaultScope
 from mmengine.runner import Runner
 
 import mmplugin_inline  # noqa: F401
 from mmplugin_inline.engine import TimeBudgetHook
+from mmplugin_inline.loading import load_run_checkpoint, mmengine_checkpoint_loading
 
 
 class _Slow(BaseModel):
@@ -82,3 +85,112 @@ def test_lr_factor_warms_up_by_iteration_and_decays_by_time():
 def test_budget_must_be_positive():
     with pytest.raises(ValueError, match='budget_s'):
         TimeBudgetHook(budget_s=0)
+
+
+# --------------------------------------------------------------------------- resume
+
+class _LrRecord(Hook):
+    """The learning rate the budget hook set at each iteration, and when it started."""
+    priority = 'LOW'  # after TimeBudgetHook (VERY_HIGH) has set the rate
+
+    def __init__(self):
+        self.iters = []  # (iteration, lr, time.monotonic() at its start)
+        self.last_end = None
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        lr = runner.optim_wrapper.optimizer.param_groups[0]['lr']
+        self.iters.append((runner.iter, lr, time.monotonic()))
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        self.last_end = time.monotonic()
+
+
+def _budget_runner(work_dir, record, budget_s, warmup_iters, **kwargs):
+    return Runner(
+        model=_Slow(), work_dir=str(work_dir), train_dataloader=_loader(),
+        train_cfg=dict(by_epoch=False, max_iters=10_000),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
+        custom_hooks=[dict(type='mmplugin_inline.TimeBudgetHook', budget_s=budget_s,
+                           warmup_iters=warmup_iters), record],
+        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=5, by_epoch=False)),
+        default_scope='mmengine', **kwargs)
+
+
+def _budget_hook(runner):
+    return next(h for h in runner.hooks if isinstance(h, TimeBudgetHook))
+
+
+def test_resume_continues_the_clock_and_the_schedule(tmp_path):
+    with DefaultScope.overwrite_default_scope('mmengine'):
+        _resume_mid_budget(tmp_path)
+
+
+def _resume_mid_budget(tmp_path, budget_s=2.0, warmup_iters=30):
+    # a full run, checkpoints every 5 iterations (~0.05 s each, all within the warm-up)
+    first = _budget_runner(tmp_path / 'first', _LrRecord(), budget_s, warmup_iters)
+    first.train()
+    states = {}
+    for path in (tmp_path / 'first').glob('iter_*.pth'):
+        checkpoint = load_run_checkpoint(str(path))
+        states[str(path)] = (checkpoint['meta']['iter'], checkpoint[TimeBudgetHook.STATE_KEY])
+    # the checkpoint nearest the middle of the budget, as if the run had died there
+    path, (done, state) = min(states.items(),
+                              key=lambda kv: abs(kv[1][1]['elapsed_s'] - budget_s / 2))
+    used = state['elapsed_s']
+    assert 0.2 * budget_s < used < 0.8 * budget_s and done < warmup_iters
+    assert state == dict(elapsed_s=used, base_lrs=[0.1], budget_s=budget_s, max_iters=10_000)
+    assert type(used) is float and type(state['base_lrs'][0]) is float  # weights_only-safe
+    assert type(state['max_iters']) is int
+
+    record = _LrRecord()
+    resumed = _budget_runner(tmp_path / 'resumed', record, budget_s, warmup_iters,
+                             resume=True, load_from=path)
+    start = time.monotonic()
+    with mmengine_checkpoint_loading():
+        resumed.train()
+    hook = _budget_hook(resumed)
+    assert hook._base_lrs == [0.1]  # the config's rate, not the last scheduled one
+
+    # the first resumed iteration continues the schedule: the hook's clock read `used`
+    # plus at most the time from train() to that iteration
+    it, lr, began = record.iters[0]
+    assert it == done
+    latest = 0.1 * hook.lr_factor(done, used + (began - start))
+    earliest = 0.1 * hook.lr_factor(done, used)
+    assert latest * (1 - 1e-9) <= lr <= earliest * (1 + 1e-9)
+    assert lr > 0.3 * earliest  # neither the warm-up start nor the rate scaled twice
+
+    # it stops when the budget is spent in all, not after a new full budget
+    assert resumed.iter > done and resumed.train_loop.max_iters == resumed.iter
+    assert used + (record.last_end - start) >= budget_s
+    assert used + (record.last_end - began) < budget_s + 0.5
+
+
+def test_load_from_starts_the_budget_afresh_and_resume_continues_it():
+    from types import SimpleNamespace
+
+    from mmengine.logging import MMLogger
+    hook = TimeBudgetHook(budget_s=10)
+    checkpoint = {'meta': dict(iter=20), TimeBudgetHook.STATE_KEY: dict(
+        elapsed_s=4.0, base_lrs=[0.1], budget_s=10.0, max_iters=100)}
+    runner = SimpleNamespace(
+        iter=0, train_loop=SimpleNamespace(max_iters=100),
+        optim_wrapper=SimpleNamespace(optimizer=SimpleNamespace(param_groups=[dict(lr=0.02)])),
+        logger=MMLogger.get_instance('test_time_budget'))
+    hook.before_save_checkpoint(runner, {})  # before training: nothing to store, no error
+
+    hook.after_load_checkpoint(runner, checkpoint)  # load_from: the loop stays at iteration 0
+    hook.before_train(runner)
+    assert hook.elapsed() < 1 and hook._base_lrs == [0.02]
+
+    runner.iter = 20  # resume: the loop continues at the checkpoint's iteration
+    hook.after_load_checkpoint(runner, checkpoint)
+    hook.before_train(runner)
+    assert hook.elapsed() == pytest.approx(4.0, abs=0.5) and hook._base_lrs == [0.1]
+    saved = {}
+    hook.before_save_checkpoint(runner, saved)
+    assert saved[TimeBudgetHook.STATE_KEY]['base_lrs'] == [0.1]
+    assert 4.0 <= saved[TimeBudgetHook.STATE_KEY]['elapsed_s'] < 4.5
+
+    hook.before_train(runner)  # resumed from a file without the state: starts again
+    assert hook.elapsed() < 1 and hook._base_lrs == [0.02]

@@ -19,6 +19,13 @@ class TimeBudgetHook(Hook):
     of the iterations that fit, so the logged ETA is the remaining budget; the run
     then validates and saves as at a normal end. Use it instead of ``param_scheduler``.
 
+    Checkpoints carry the hook's state under ``checkpoint['time_budget']`` (plain
+    numbers and lists): the seconds of budget used, the base learning rates and the
+    iteration ceiling. ``--resume`` continues the clock and the schedule from there with
+    the original base rates (the optimizer's own state only holds the last *scaled*
+    rates); ``budget_s``, ``max_iters`` and the warm-up come from the config, so a longer
+    budget there extends a finished run. ``load_from`` (weights only) starts afresh.
+
     Args:
         budget_s (float): seconds of training (validation time included).
         warmup_iters (int): linear warm-up length. Default: 100.
@@ -26,6 +33,7 @@ class TimeBudgetHook(Hook):
         min_lr_ratio (float): factor at the end of the budget. Default: 0.01.
     """
     priority = 'VERY_HIGH'
+    STATE_KEY = 'time_budget'  # the hook's entry in a checkpoint
 
     def __init__(self, budget_s: float, warmup_iters: int = 100, warmup_ratio: float = 1e-3,
                  min_lr_ratio: float = 0.01):
@@ -36,6 +44,7 @@ class TimeBudgetHook(Hook):
         self._start = None
         self._base_lrs = None
         self._ceiling = None
+        self._loaded = None  # (state, iterations done) from the checkpoint being loaded
 
     def elapsed(self) -> float:
         return time.monotonic() - self._start
@@ -50,10 +59,51 @@ class TimeBudgetHook(Hook):
         return warm * cos
 
     def before_train(self, runner) -> None:
+        """Start the clock, or continue it on resume; take the base learning rates."""
+        self._ceiling = runner.train_loop.max_iters  # the config's, also on resume
+        groups = runner.optim_wrapper.optimizer.param_groups
+        loaded, self._loaded = self._loaded, None
+        # resume sets the loop's iteration from the checkpoint; load_from leaves it at 0
+        if loaded is not None and runner.iter > 0 and runner.iter == loaded[1]:
+            if self._restore(runner, loaded[0], len(groups)):
+                return
+        elif runner.iter > 0:
+            runner.logger.warning(
+                f'TimeBudgetHook: resumed at iteration {runner.iter} from a checkpoint without '
+                f'the hook\'s state; the budget of {self.budget_s:g} s starts again and the base '
+                'learning rates are read from the optimizer (the last scheduled ones).')
         self._start = time.monotonic()
-        self._ceiling = runner.train_loop.max_iters
-        optimizer = runner.optim_wrapper.optimizer
-        self._base_lrs = [g.get('initial_lr', g['lr']) for g in optimizer.param_groups]
+        self._base_lrs = [g.get('initial_lr', g['lr']) for g in groups]
+
+    def _restore(self, runner, state: dict, num_groups: int) -> bool:
+        """Continue the clock and the base rates of ``state``; False if it does not fit."""
+        if len(state['base_lrs']) != num_groups:
+            runner.logger.warning(
+                f'TimeBudgetHook: the checkpoint has {len(state["base_lrs"])} base learning '
+                f'rates for {num_groups} parameter groups; the budget starts again.')
+            return False
+        self._start = time.monotonic() - state['elapsed_s']
+        self._base_lrs = list(state['base_lrs'])
+        changed = [f'{key} {state[key]:g} -> {now:g}' for key, now in
+                   (('budget_s', self.budget_s), ('max_iters', self._ceiling)) if state[key] != now]
+        runner.logger.info(
+            f'TimeBudgetHook: resumed with {state["elapsed_s"]:.1f} s of the budget used'
+            + (f' ({", ".join(changed)} by the config)' if changed else ''))
+        return True
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        """Store the clock, the base rates and the ceiling as plain numbers."""
+        if self._start is None:  # not training yet
+            return
+        checkpoint[self.STATE_KEY] = dict(
+            elapsed_s=float(self.elapsed()), base_lrs=[float(lr) for lr in self._base_lrs],
+            budget_s=float(self.budget_s), max_iters=int(self._ceiling))
+
+    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        """Keep the stored state; ``before_train`` uses it if this load is a resume."""
+        state = checkpoint.get(self.STATE_KEY)
+        done = checkpoint.get('meta', {}).get('iter')
+        self._loaded = None if state is None or done is None else (state, done)
 
     def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
         factor = self.lr_factor(runner.iter, self.elapsed())
