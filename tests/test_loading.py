@@ -343,3 +343,24 @@ def test_under_a_distributed_launcher_only_local_rank_0_downloads(server, tmp_pa
     entries = len(load_fixture('deit')['checkpoint']['model'])
     for rank, (out, _) in enumerate(outs):
         assert f'rank {rank} ' in out and out.strip().endswith(str(entries))
+
+
+@pytest.mark.slow
+def test_train_stops_at_an_unreachable_weights_url_before_building_anything(server, tmp_path):
+    from test_tools import DET_CONFIG, make_shapes, run_tool
+    from tiny_models import det_run_config
+    base, requests = server
+    data = str(tmp_path / 'shapes')
+    make_shapes.main([data, '--train', '2', '--val', '1', '--min-size', '64', '--max-size', '80'])
+    url = f'{base}/f/missing/?dl=1'
+    config = tmp_path / 'mask-rcnn_url.py'
+    config.write_text(det_run_config(DET_CONFIG, data + '/') +
+                      f'model.update(backbone=dict(model["backbone"], init_cfg=dict('
+                      f'type="Pretrained", checkpoint={url!r})))\n')
+    work = tmp_path / 'work'
+    rc, out, err = run_tool([sys.executable, osp.join(ROOT, 'tools/train.py'), str(config),
+                             '--work-dir', str(work)])
+    assert rc == 1 and 'Traceback' not in out
+    assert url in err and 'HTTP 404' in err and 'model.backbone.init_cfg.checkpoint' in err
+    assert not work.exists()  # stopped before the runner made its work directory
+    assert requests == ['/f/missing/?dl=1']  # one probe, no download
