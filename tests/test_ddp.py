@@ -5,7 +5,7 @@ import os.path as osp
 import pytest
 from mmengine.config import Config
 
-from test_tools import PYTHON, _checkpoint_meta, _free_port, _ok, run_tool
+from test_tools import dist_train_two_processes
 from test_tools import shapes  # noqa: F401,F811 - the fixture: 4 training images
 from tiny_models import REPO, det_run_config
 
@@ -28,12 +28,5 @@ def test_deit_mask_rcnn_trains_with_ddp_without_find_unused_parameters(shapes, t
     assert cfg.model.backbone.type == 'InLineDeiT'
     assert 'final_norm' not in cfg.model.backbone  # the default, False: no final norm
     assert cfg.model_wrapper_cfg.find_unused_parameters is False
-    work = str(tmp_path / 'work')
-    rc, out, _ = run_tool(['bash', osp.join(REPO, 'tools/dist_train.sh'), str(config), '2',
-                           '--work-dir', work],
-                          env=dict(PYTHON=PYTHON, PORT=str(_free_port()), OMP_NUM_THREADS='1'))
-    _ok(rc, out)
-    assert 'Distributed training: True' in out
-    # 4 images, 1 per process and step: 2 steps, the second being where DDP would fail
-    assert 'Epoch(train) [1][2/2]' in out
-    assert _checkpoint_meta(osp.join(work, 'epoch_1.pth'))['iter'] == 2
+    # 2 steps per process, the second being where DDP would fail
+    dist_train_two_processes(config, str(tmp_path / 'work'))

@@ -364,3 +364,23 @@ def test_train_stops_at_an_unreachable_weights_url_before_building_anything(serv
     assert url in err and 'HTTP 404' in err and 'model.backbone.init_cfg.checkpoint' in err
     assert not work.exists()  # stopped before the runner made its work directory
     assert requests == ['/f/missing/?dl=1']  # one probe, no download
+
+
+def test_load_from_a_url_goes_through_the_same_cache(server, hub_dir, tmp_path):
+    """``load_from='https://...'`` in our tools: mmengine's URL scheme, our policy."""
+    from mmengine.runner.checkpoint import _load_checkpoint
+
+    from mmplugin_inline.loading import mmengine_checkpoint_loading
+    base, requests = server
+    (tmp_path / 'served' / 'runs').mkdir()
+    torch.save({'meta': {'iter': 3}, 'state_dict': {'w': torch.ones(2)}},
+               tmp_path / 'served' / 'runs' / 'iter_3.pth')
+    url = f'{base}/runs/iter_3.pth?raw=1'
+    with mmengine_checkpoint_loading():
+        ckpt = _load_checkpoint(url, map_location='cpu')
+        assert ckpt['meta']['iter'] == 3
+        _load_checkpoint(url, map_location='cpu')  # from the cache
+    assert (hub_dir / 'checkpoints' / 'iter_3.pth').is_file()
+    assert requests == ['/runs/iter_3.pth?raw=1']
+    with mmengine_checkpoint_loading(), pytest.raises(CheckpointDownloadError, match='404'):
+        _load_checkpoint(f'{base}/runs/nothing.pth')

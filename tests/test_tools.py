@@ -395,11 +395,9 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_dist_train_with_two_cpu_processes(shapes, tmp_path):
-    config = tmp_path / 'mask-rcnn_tiny.py'
-    config.write_text(det_run_config(DET_CONFIG, shapes + '/', batch_size=1))
-    work = str(tmp_path / 'work')
+def dist_train_two_processes(config, work: str) -> str:
+    """``tools/dist_train.sh CONFIG 2`` on the 4 shapes images, 1 image per process and
+    step; checks that it ran 2 distributed steps and saved; returns the output."""
     rc, out, _ = run_tool(['bash', osp.join(REPO, 'tools/dist_train.sh'), str(config), '2',
                            '--work-dir', work],
                           env=dict(PYTHON=PYTHON, PORT=str(_free_port()), OMP_NUM_THREADS='1'))
@@ -408,6 +406,14 @@ def test_dist_train_with_two_cpu_processes(shapes, tmp_path):
     # 4 images, 1 per process and step: 2 steps per epoch with 2 processes (4 with one)
     assert 'Epoch(train) [1][2/2]' in out
     assert _checkpoint_meta(osp.join(work, 'epoch_1.pth'))['iter'] == 2
+    return out
+
+
+@pytest.mark.slow
+def test_dist_train_with_two_cpu_processes(shapes, tmp_path):
+    config = tmp_path / 'mask-rcnn_tiny.py'
+    config.write_text(det_run_config(DET_CONFIG, shapes + '/', batch_size=1))
+    dist_train_two_processes(config, str(tmp_path / 'work'))
 
 
 # --------------------------------------------------------------------------- stock tools

@@ -150,9 +150,24 @@ def build_checked_runner(cfg, mode: str, allow_unsafe: bool = False):
 
 def run_or_fail(step):
     """Call ``step()`` (``runner.train`` / ``runner.test``); a checkpoint that cannot be
-    loaded (refused, damaged, not downloadable) is a message, not a traceback."""
+    loaded (refused, damaged, not downloadable) is a message, not a traceback. The
+    process group (distributed runs) is destroyed afterwards."""
     from mmplugin_inline.loading import CheckpointError
     try:
         return step()
     except CheckpointError as exc:
         fail(str(exc))
+    finally:
+        end_distributed()
+
+
+def end_distributed() -> None:
+    """Destroy the process group, if one was made, while the interpreter is fully alive.
+
+    mmengine leaves it to exit; gloo's worker threads then die during interpreter
+    finalization and can abort the process (SIGABRT, "terminate called without an active
+    exception") after a successful run.
+    """
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
