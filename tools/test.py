@@ -93,7 +93,7 @@ def main(argv=None):
     if args.out is not None and codebase == 'mmdet':
         from mmdet.evaluation import DumpDetResults
         runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
-    run_setup.run_or_fail(runner.test)
+    run_setup.run_or_fail(runner, 'test')
 
 
 if __name__ == '__main__':

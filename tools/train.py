@@ -63,7 +63,7 @@ def main(argv=None):
         cfg.resume, cfg.load_from = True, args.resume
 
     runner = run_setup.build_checked_runner(cfg, 'train', args.allow_unsafe)
-    run_setup.run_or_fail(runner.train)
+    run_setup.run_or_fail(runner, 'train')
 
 
 if __name__ == '__main__':

@@ -148,26 +148,33 @@ def build_checked_runner(cfg, mode: str, allow_unsafe: bool = False):
     return guard_runner_checkpoints(build_runner(cfg), allow_unsafe)
 
 
-def run_or_fail(step):
-    """Call ``step()`` (``runner.train`` / ``runner.test``); a checkpoint that cannot be
-    loaded (refused, damaged, not downloadable) is a message, not a traceback. The
-    process group (distributed runs) is destroyed afterwards."""
+def run_or_fail(runner, step: str):
+    """Run ``runner.<step>()`` ('train' / 'test'); a checkpoint that cannot be loaded
+    (refused, damaged, not downloadable) is a message, not a traceback. A distributed
+    run's process group is taken down afterwards (:func:`end_distributed`)."""
     from mmplugin_inline.loading import CheckpointError
     try:
-        return step()
+        return getattr(runner, step)()
     except CheckpointError as exc:
         fail(str(exc))
     finally:
-        end_distributed()
+        end_distributed(runner)
 
 
-def end_distributed() -> None:
-    """Destroy the process group, if one was made, while the interpreter is fully alive.
+def end_distributed(runner) -> None:
+    """Release the DDP-wrapped model and destroy the process group, if one was made,
+    while the interpreter is fully alive.
 
-    mmengine leaves it to exit; gloo's worker threads then die during interpreter
-    finalization and can abort the process (SIGABRT, "terminate called without an active
-    exception") after a successful run.
+    mmengine leaves both to the end of the process. The DDP reducer keeps the gloo
+    process group alive, and gloo's worker threads torn down during interpreter
+    finalization can abort a run that succeeded (SIGABRT, "terminate called without an
+    active exception").
     """
+    import gc
+
     import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    runner.model = None  # the DDP wrapper and its reducer hold the process group
+    gc.collect()
+    dist.destroy_process_group()
