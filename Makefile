@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo demo-seg test test-all env clean
+.PHONY: setup demo demo-seg test env clean
 
 setup:
 	bash tools/setup_env.sh
