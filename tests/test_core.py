@@ -3,16 +3,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmplugin_inline.core import (ATTENTION_FUNCTIONS, ATTENTION_WEIGHTS, KERNELS, crop_to,
-                                  inline_attention, inline_attention_authors,
-                                  inline_attention_reference, inline_attention_weights,
-                                  linear_attention, linear_attention_reference,
-                                  local_residual, local_residual_reference, nchw_to_nlc,
-                                  nlc_to_nchw, pad_to_multiple, softmax_attention,
+from mmplugin_inline.core import (ATTENTION_WEIGHTS, FEATURE_MAPS, crop_to, inline_attention,
+                                  inline_attention_authors, inline_attention_reference,
+                                  inline_attention_weights, linear_attention,
+                                  linear_attention_reference, local_residual,
+                                  local_residual_reference, nchw_to_nlc, nlc_to_nchw,
+                                  pad_to_multiple, softmax_attention,
                                   softmax_attention_reference, stripe_partition,
                                   stripe_reverse, window_partition, window_reverse)
 
-KERNEL_NAMES = sorted(KERNELS)
+KERNEL_NAMES = sorted(FEATURE_MAPS)
 TOL = {torch.float32: dict(rtol=2e-5, atol=2e-5), torch.float64: dict(rtol=1e-10, atol=1e-10)}
 
 
@@ -93,8 +93,17 @@ def test_softmax_sdpa_matches_reference():
     torch.testing.assert_close(softmax_attention(q, k, v), softmax_attention_reference(q, k, v))
 
 
+#: variant name -> its fast function, with the (q, k, v, kernel=...) calling convention
+ATTENTION_FUNCTIONS = {
+    'inline': inline_attention,
+    'linear': linear_attention,
+    'softmax': softmax_attention,
+}
+
+
 def test_swappable_registries_share_the_calling_convention():
     q, k, v = _qkv(10, n=20, d=4)
+    assert set(ATTENTION_FUNCTIONS) == set(ATTENTION_WEIGHTS)  # every variant has both forms
     for name, fn in ATTENTION_FUNCTIONS.items():
         w = ATTENTION_WEIGHTS[name](q, k, kernel='relu')
         torch.testing.assert_close(fn(q, k, v, kernel='relu'), w @ v, rtol=1e-6, atol=1e-6)

@@ -3,12 +3,13 @@ import pytest
 import torch
 
 from mmplugin_inline.core import inline_attention_reference, local_residual_reference
-from mmplugin_inline.models.layers import (CSWinBranch, GlobalAttention, WindowAttention,
-                                           parse_block_types, shifted_window_mask)
+from mmplugin_inline.models.layers import (CSWinAttention, CSWinBranch, GlobalAttention,
+                                           TransformerBlock, WindowAttention, parse_block_types,
+                                           shifted_window_mask)
 
 
 def _qkv(attn, x):
-    return [t[0] for t in attn.project(x, x)]  # [N, C] each, batch 1
+    return [t[0] for t in attn.project(x)]  # [N, C] each, batch 1
 
 
 def _softmax_rows(q, k, v, heads, bias=None):
@@ -100,3 +101,44 @@ def test_block_type_strings_expand_per_block():
     assert parse_block_types('IIMS2', [1, 2, 4, 2], 'x') == [
         ['I'], ['I', 'I'], ['I', 'I', 'S', 'S'], ['S', 'S']]
     assert parse_block_types('ISIS', [1, 1, 1, 1], 'x')[1] == ['S']
+
+
+def test_block_type_letters_are_the_attention_types():
+    with pytest.raises(ValueError, match=r"\['X'\]; the letters are 'I' \(InLine\), "
+                                         r"'S' \(softmax\) and 'M' \(mixed, then a count\)"):
+        parse_block_types('IXSS', [1, 1, 1, 1], 'x')
+    with pytest.raises(ValueError, match=r"attn_type must be 'I' \(InLine\) or 'S' \(softmax\)"):
+        GlobalAttention(8, 2, 'X')
+
+
+def test_window_attention_has_only_window_options():
+    attn = WindowAttention(8, 2, 'S', window_size=3)
+    for option in ('separate_q', 'sr_ratio', 'num_prefix'):
+        assert not hasattr(attn, option)
+    assert [n for n, _ in attn.named_parameters()] == [  # the released checkpoints' names
+        'relative_position_bias_table', 'qkv.weight', 'qkv.bias', 'proj.weight', 'proj.bias']
+
+
+def test_block_passes_its_input_only_to_attention_that_reads_it():
+    torch.manual_seed(3)
+    c, hw = 8, (3, 5)
+    x = torch.randn(2, hw[0] * hw[1], c)
+    seen = []
+
+    class Probe(torch.nn.Module):  # no shortcut argument: must not receive one
+        def forward(self, normed, hw):
+            seen.append(normed.shape)
+            return torch.zeros_like(normed)
+
+    TransformerBlock(c, Probe())(x, hw)
+    assert seen == [x.shape]
+    cswin = CSWinAttention(c, 2, 'I').eval()
+    block = TransformerBlock(c, cswin).eval()
+    with torch.no_grad():
+        out = block(x, hw)
+        normed = block.norm1(x)
+        expect = x + cswin(normed, hw, shortcut=x)
+        expect = expect + block.mlp(block.norm2(expect))
+        # the residual kernels read the block input, not the normed tokens
+        assert not torch.allclose(cswin(normed, hw, shortcut=x), cswin(normed, hw))
+    torch.testing.assert_close(out, expect)

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from .kernels import get_kernel
+from .feature_maps import get_feature_map
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -99,7 +99,7 @@ def inline_attention(q: torch.Tensor,
         Tensor: [B, heads, Nq, dv] in the dtype of ``q``.
     """
     _check_qkv(q, k, v)
-    phi = get_kernel(kernel)
+    phi = get_feature_map(kernel)
     out_dtype = q.dtype
     dtype = _compute_dtype(out_dtype)
     b, h, nq, _ = q.shape

@@ -1,13 +1,12 @@
-"""Fast plain linear attention and softmax attention with InLine's calling convention.
+"""Fast plain (sum-normalised) linear attention with InLine's calling convention.
 
-Both take q, k, v of [B, heads, N, d] and a ``kernel`` name, so analyses and
-benchmarks can swap them with :func:`~mmplugin_inline.core.inline_attention`.
+Takes q, k, v of [B, heads, N, d] and a ``kernel`` name, so analyses and benchmarks
+can swap it with :func:`~mmplugin_inline.core.inline_attention`.
 """
 import torch
-import torch.nn.functional as F
 
+from .feature_maps import get_feature_map
 from .inline_attention import _check_qkv, _compute_dtype
-from .kernels import get_kernel
 
 
 def linear_attention(q, k, v, kernel='identity', eps=1e-6):
@@ -17,7 +16,7 @@ def linear_attention(q, k, v, kernel='identity', eps=1e-6):
     fp32 (fp64 kept) with autocast off, returned in the dtype of ``q``.
     """
     _check_qkv(q, k, v)
-    phi = get_kernel(kernel)
+    phi = get_feature_map(kernel)
     out_dtype, dtype = q.dtype, _compute_dtype(q.dtype)
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v = phi(q.to(dtype)), phi(k.to(dtype)), v.to(dtype)
@@ -26,8 +25,3 @@ def linear_attention(q, k, v, kernel='identity', eps=1e-6):
         out = (q @ kv) / (denom + eps)
     return out.to(out_dtype)
 
-
-def softmax_attention(q, k, v, kernel='identity', scale=None):
-    """Softmax attention via ``F.scaled_dot_product_attention``; ``kernel`` is ignored."""
-    _check_qkv(q, k, v)
-    return F.scaled_dot_product_attention(q, k, v, scale=scale)

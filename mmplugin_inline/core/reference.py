@@ -5,11 +5,11 @@ on small inputs, never for models. ``inline_attention_authors`` transcribes the
 formula of the authors' released code (their pre-scaling included) for benchmarks
 and numerical comparisons.
 """
-from typing import Optional
+from typing import Callable, Dict, Optional
 
 import torch
 
-from .kernels import get_kernel
+from .feature_maps import get_feature_map
 
 
 def _scale(q: torch.Tensor, scale: Optional[float]) -> float:
@@ -33,7 +33,7 @@ def inline_attention_weights(q: torch.Tensor,
     Returns:
         Tensor: [B, heads, Nq, N].
     """
-    phi = get_kernel(kernel)
+    phi = get_feature_map(kernel)
     q, k = phi(q), phi(k)
     n = k.shape[-2]
     k_centred = k - k.mean(dim=-2, keepdim=True)
@@ -48,10 +48,10 @@ def inline_attention_reference(q, k, v, kernel='identity', scale=None):
 def linear_attention_weights(q, k, kernel='identity', eps=1e-6):
     """Plain linear attention weights ``phi(q_i).phi(k_j) / sum_j phi(q_i).phi(k_j)``.
 
-    Not injective: scaling q (or, under softmax-like kernels, other changes) leaves the
-    rows unchanged. ``eps`` guards the sum, which the identity kernel can make zero.
+    Not injective: scaling q (or, under softmax-like feature maps, other changes) leaves
+    the rows unchanged. ``eps`` guards the sum, which the identity map can make zero.
     """
-    phi = get_kernel(kernel)
+    phi = get_feature_map(kernel)
     scores = phi(q) @ phi(k).transpose(-2, -1)
     return scores / (scores.sum(dim=-1, keepdim=True) + eps)
 
@@ -78,10 +78,18 @@ def inline_attention_authors(q, k, v, kernel='identity', scale=None):
     phi applied to q and k first. Same value as the definition in exact arithmetic,
     but it subtracts two large terms, so it loses accuracy in low precision.
     """
-    phi = get_kernel(kernel)
+    phi = get_feature_map(kernel)
     q, k = phi(q), phi(k)
     n = k.shape[-2]
     s = _scale(q, scale)
     kv = (k.transpose(-2, -1) * (s / n) ** 0.5) @ (v * (s / n) ** 0.5)
     return q @ kv + (1 - q @ k.mean(dim=2, keepdim=True).transpose(-2, -1) * s) \
         * v.mean(dim=2, keepdim=True)
+
+
+#: variant name -> its explicit N x N weights, called as ``(q, k, kernel=...)``
+ATTENTION_WEIGHTS: Dict[str, Callable[..., torch.Tensor]] = {
+    'inline': inline_attention_weights,
+    'linear': linear_attention_weights,
+    'softmax': softmax_attention_weights,
+}

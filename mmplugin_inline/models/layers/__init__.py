@@ -1,14 +1,16 @@
 """Layers shared by the InLine backbone families."""
-from .attention import (CSWinAttention, CSWinBranch, GlobalAttention, HeadMixer,
-                        ResidualKernelPredictor, WindowAttention, relative_position_index,
-                        shifted_window_mask)
+from .attention import (ATTN_TYPES, GlobalAttention, MultiHeadAttentionBase,
+                        ResidualKernelPredictor)
 from .blocks import (Mlp, TransformerBlock, parse_block_types, run_blocks,
                      stochastic_depth_rates)
 from .embed import ConvMerging, PatchEmbed, PatchMerging, contiguous_map, resize_pos_embed
+from .stripe_attention import CSWinAttention, CSWinBranch
+from .window_attention import WindowAttention, relative_position_index, shifted_window_mask
 
 __all__ = [
-    'CSWinAttention', 'CSWinBranch', 'GlobalAttention', 'HeadMixer', 'ResidualKernelPredictor',
-    'WindowAttention', 'relative_position_index', 'shifted_window_mask', 'Mlp',
-    'TransformerBlock', 'parse_block_types', 'run_blocks', 'stochastic_depth_rates',
-    'ConvMerging', 'PatchEmbed', 'PatchMerging', 'contiguous_map', 'resize_pos_embed'
+    'ATTN_TYPES', 'MultiHeadAttentionBase', 'GlobalAttention', 'ResidualKernelPredictor',
+    'WindowAttention', 'relative_position_index', 'shifted_window_mask', 'CSWinAttention',
+    'CSWinBranch', 'Mlp', 'TransformerBlock', 'parse_block_types', 'run_blocks',
+    'stochastic_depth_rates', 'ConvMerging', 'PatchEmbed', 'PatchMerging', 'contiguous_map',
+    'resize_pos_embed'
 ]

@@ -1,10 +1,11 @@
-"""Attention modules of the InLine backbones.
+"""The shared attention base of the InLine backbones, and global attention.
 
-One base class owns what every family shares: the input projections, the output
-projection, head splitting, the dispatch between InLine attention (``'I'``, with its
-local residual) and softmax attention (``'S'``, through SDPA). The subclasses differ
-only in how they group tokens: the whole map (:class:`GlobalAttention`), windows
-(:class:`WindowAttention`) or cross-shaped stripes (:class:`CSWinAttention`).
+:class:`MultiHeadAttentionBase` owns what every variant shares: head splitting and
+the dispatch, by block-type letter (:data:`ATTN_TYPES`), between InLine attention
+(``'I'``, with its local residual) and softmax attention (``'S'``, through SDPA).
+Its subclasses differ only in how they group tokens: the whole map
+(:class:`GlobalAttention`, here), windows (``window_attention.py``, Swin) or
+cross-shaped stripes (``stripe_attention.py``, CSWin).
 
 Parameter names follow the authors' released checkpoints (``qkv`` or ``q`` / ``kv``,
 ``proj``, ``residual``, ``relative_position_bias_table``, ``get_v``, ``sr``) so that
@@ -16,14 +17,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmplugin_inline.core import (crop_to, inline_attention, local_residual, nchw_to_nlc,
-                                  nlc_to_nchw, pad_to_multiple, window_partition,
-                                  window_reverse)
+from mmplugin_inline.core import (inline_attention, local_residual, nchw_to_nlc, nlc_to_nchw,
+                                  pad_to_multiple)
 
-ATTN_TYPES = ('I', 'S')
-# additive bias that removes a key from softmax attention (Swin's value; finite, so a
-# query that sees only masked keys stays finite; its output is cropped away)
-MASK_VALUE = -100.0
+#: block-type letter -> the attention it selects (``block_types`` strings, ``attn_type``)
+ATTN_TYPES = {'I': 'InLine', 'S': 'softmax'}
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -36,6 +34,22 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """[B, heads, N, d] -> [B, N, heads * d]."""
     b, h, n, d = x.shape
     return x.transpose(1, 2).reshape(b, n, h * d)
+
+
+def describe_attn_types(conjunction: str = 'or', extra=()) -> str:
+    """The letters of :data:`ATTN_TYPES` for messages: ``"'I' (InLine) or 'S' (softmax)"``.
+
+    ``extra`` descriptions are appended; the last item is joined by ``conjunction``.
+    """
+    items = [f'{letter!r} ({name})' for letter, name in ATTN_TYPES.items()] + list(extra)
+    return f' {conjunction} '.join([', '.join(items[:-1]), items[-1]]) if len(items) > 1 \
+        else items[0]
+
+
+def check_attn_type(attn_type: str) -> None:
+    """Raise a clear error for a letter that is not in :data:`ATTN_TYPES`."""
+    if attn_type not in ATTN_TYPES:
+        raise ValueError(f'attn_type must be {describe_attn_types()}, got {attn_type!r}')
 
 
 def check_heads(dim: int, num_heads: int) -> None:
@@ -61,8 +75,11 @@ class ResidualKernelPredictor(nn.Sequential):
         return super().forward(mean_token.unsqueeze(-1)).view(b, c, 3, 3)
 
 
-class HeadMixer(nn.Module):
-    """Attention over already projected tokens: InLine (+ local residual) or softmax.
+class MultiHeadAttentionBase(nn.Module):
+    """Multi-head attention over already projected tokens: InLine (+ local residual) or softmax.
+
+    Subclasses project the tokens, group them (map, windows, stripes) and call
+    :meth:`attend` on each group.
 
     Args:
         dim (int): width of q, k, v.
@@ -73,8 +90,7 @@ class HeadMixer(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, attn_type: str = 'I', kernel: str = 'identity'):
         super().__init__()
-        if attn_type not in ATTN_TYPES:
-            raise ValueError(f"attn_type must be 'I' (InLine) or 'S' (softmax), got {attn_type!r}")
+        check_attn_type(attn_type)
         check_heads(dim, num_heads)
         self.dim, self.num_heads, self.attn_type, self.kernel = dim, num_heads, attn_type, kernel
         if attn_type == 'I':
@@ -112,7 +128,7 @@ class HeadMixer(nn.Module):
         return out + res
 
 
-class GlobalAttention(HeadMixer):
+class GlobalAttention(MultiHeadAttentionBase):
     """Attention over the whole map (PVT, DeiT, Swin's InLine blocks).
 
     Args:
@@ -146,13 +162,14 @@ class GlobalAttention(HeadMixer):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def project(self, x: torch.Tensor, kv_source: torch.Tensor):
-        """q from ``x``, k and v from ``kv_source``; each [B, N, C]."""
+    def project(self, x: torch.Tensor, kv_source: Optional[torch.Tensor] = None):
+        """q from ``x``, k and v from ``kv_source`` (default ``x``); each [B, N, C]."""
+        kv_source = x if kv_source is None else kv_source
         if self.separate_q:
             return (self.q(x), *self.kv(kv_source).chunk(2, dim=-1))
         return self.qkv(x).chunk(3, dim=-1)
 
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int], shortcut=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
         """x: [B, num_prefix + H*W, C] (normed tokens), hw = (H, W) -> [B, N, C]."""
         kv_source = x
         if self.sr_ratio > 1:
@@ -164,192 +181,4 @@ class GlobalAttention(HeadMixer):
         q, k, v = self.project(x, kv_source)
         out = self.attend(q, k, v, hw, mean_token=x.mean(dim=1) if self.attn_type == 'I' else None,
                           num_prefix=self.num_prefix)
-        return self.proj_drop(self.proj(out))
-
-
-def relative_position_index(window: Tuple[int, int], table_window: Tuple[int, int]) -> torch.Tensor:
-    """Index into a ``(2*Th-1)*(2*Tw-1)`` relative position table, [wh*ww, wh*ww].
-
-    ``window`` may be smaller than the ``table_window`` the table was built for.
-    """
-    coords = torch.stack(torch.meshgrid(torch.arange(window[0]), torch.arange(window[1]),
-                                        indexing='ij')).flatten(1)          # [2, N]
-    rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0)        # [N, N, 2]
-    rel[..., 0] += table_window[0] - 1
-    rel[..., 1] += table_window[1] - 1
-    return rel[..., 0] * (2 * table_window[1] - 1) + rel[..., 1]
-
-
-def shifted_window_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: Tuple[int, int],
-                        shift: Tuple[int, int], device=None) -> Optional[torch.Tensor]:
-    """Additive mask for (shifted) windows over a padded map, [nW, N, N], or None.
-
-    Keys in another shift region than the query, and keys in the padding (outside
-    ``valid_hw``), get :data:`MASK_VALUE`. Built from the padded size at each forward.
-    """
-    (h, w), (vh, vw) = hw, valid_hw
-    if not any(shift) and (vh, vw) == (h, w):
-        return None
-    region = torch.zeros(1, h, w, 1, device=device)
-    if any(shift):
-        cnt = 0
-        for hs in (slice(0, -window[0]), slice(-window[0], -shift[0]), slice(-shift[0], None)):
-            for ws in (slice(0, -window[1]), slice(-window[1], -shift[1]), slice(-shift[1], None)):
-                region[:, hs, ws] = cnt
-                cnt += 1
-    pad = torch.zeros(1, h, w, 1, device=device)
-    pad[:, vh:] = 1
-    pad[:, :, vw:] = 1
-    if any(shift):
-        pad = torch.roll(pad, shifts=(-shift[0], -shift[1]), dims=(1, 2))
-    region_w = window_partition(region, window).squeeze(-1)                 # [nW, N]
-    pad_w = window_partition(pad, window).squeeze(-1)
-    differ = (region_w[:, None, :] != region_w[:, :, None]) | (pad_w[:, None, :] > 0)
-    return differ.float() * MASK_VALUE
-
-
-class WindowAttention(GlobalAttention):
-    """Attention in (shifted) windows: Swin's W-MSA / SW-MSA, or InLine in windows.
-
-    Any H x W: the map is padded to whole windows, padded keys are masked (softmax)
-    and the output is cropped. As in the authors' Swin, a map no larger than one
-    window in its short side gets no shift.
-
-    Args:
-        dim, num_heads, attn_type, qkv_bias, kernel, proj_drop: as :class:`GlobalAttention`.
-        window_size (int): window side. Default: 7.
-        shift (bool): shift the windows by half a window (SW-MSA). Default: False.
-        rel_pos_bias (bool): learned relative position bias (softmax). Default: True
-            for 'S', ignored for 'I'.
-    """
-
-    def __init__(self, dim, num_heads, attn_type='S', qkv_bias=True, kernel='identity',
-                 window_size=7, shift=False, rel_pos_bias=True, proj_drop=0.0):
-        super().__init__(dim, num_heads, attn_type, qkv_bias, kernel, proj_drop=proj_drop)
-        if window_size < 1:
-            raise ValueError(f'window_size must be positive, got {window_size}')
-        self.window_size, self.shift = window_size, shift
-        self.use_rel_pos = attn_type == 'S' and rel_pos_bias
-        if self.use_rel_pos:
-            self.relative_position_bias_table = nn.Parameter(
-                torch.zeros((2 * window_size - 1) ** 2, num_heads))
-            nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
-            self.register_buffer('relative_position_index',
-                                 relative_position_index((window_size,) * 2, (window_size,) * 2),
-                                 persistent=False)
-
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int], shortcut=None) -> torch.Tensor:
-        """x: [B, H*W, C] -> [B, H*W, C]."""
-        b, n, c = x.shape
-        h, w = hw
-        ws = self.window_size
-        shift = ws // 2 if self.shift and min(h, w) > ws else 0
-        xm, _ = pad_to_multiple(x.view(b, h, w, c), (ws, ws))
-        hp, wp = xm.shape[1:3]
-        if shift:
-            xm = torch.roll(xm, shifts=(-shift, -shift), dims=(1, 2))
-        windows = window_partition(xm, (ws, ws))                      # [B*nW, ws*ws, C]
-        q, k, v = self.project(windows, windows)
-        if self.attn_type == 'S':
-            bias = shifted_window_mask((hp, wp), (h, w), (ws, ws), (shift, shift), x.device)
-            out = self._softmax_windows(q, k, v, bias, b)
-        else:
-            out = self.attend(q, k, v, (ws, ws), mean_token=windows.mean(dim=1))
-        out = window_reverse(out, (ws, ws), (hp, wp))
-        if shift:
-            out = torch.roll(out, shifts=(shift, shift), dims=(1, 2))
-        out = crop_to(out, hw).reshape(b, n, c)
-        return self.proj_drop(self.proj(out))
-
-    def _softmax_windows(self, q, k, v, mask, batch):
-        """Softmax per window with relative position bias and the window mask."""
-        bias = None
-        if self.use_rel_pos:
-            bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
-            bias = bias.view(q.shape[1], q.shape[1], -1).permute(2, 0, 1)   # [heads, N, N]
-        if mask is not None:
-            mask = mask.unsqueeze(1)                                         # [nW, 1, N, N]
-            bias = mask if bias is None else bias.unsqueeze(0) + mask
-            # windows are ordered batch-major: [B*nW, ...] -> per-window bias repeated over B
-            bias = bias.repeat(batch, 1, 1, 1)
-        return self.attend(q, k, v, bias=bias)
-
-
-class CSWinBranch(HeadMixer):
-    """One branch of CSWin attention: stripes (or the whole map) plus LePE.
-
-    ``stripe`` is ``None`` for the whole map, else ``(width, vertical)``.
-    """
-
-    def __init__(self, dim, num_heads, attn_type, kernel='identity', stripe=None):
-        super().__init__(dim, num_heads, attn_type, kernel)
-        self.stripe = stripe
-        self.get_v = nn.Conv2d(dim, dim, kernel_size=3, stride=1, padding=1, groups=dim)
-
-    def forward(self, q, k, v, hw, mean_token):
-        """q, k, v: [B, H*W, C] of this branch's channels -> [B, H*W, C]."""
-        b, n, c = q.shape
-        h, w = hw
-        if self.stripe is None:
-            win, maps = (h, w), [t.view(b, h, w, c) for t in (q, k, v)]
-            hp, wp, bias = h, w, None
-        else:
-            width, vertical = self.stripe
-            multiple = (1, width) if vertical else (width, 1)
-            maps = [pad_to_multiple(t.view(b, h, w, c), multiple)[0] for t in (q, k, v)]
-            hp, wp = maps[0].shape[1:3]
-            win = (hp, width) if vertical else (width, wp)
-            bias = shifted_window_mask((hp, wp), (h, w), win, (0, 0), q.device)
-            if bias is not None:
-                bias = bias.unsqueeze(1).repeat(b, 1, 1, 1)
-        qw, kw, vw = (window_partition(t, win) for t in maps)          # [G, Nw, C]
-        # LePE: depthwise conv of V inside each stripe (zero padded at stripe borders)
-        v_img = nlc_to_nchw(vw, win)
-        lepe = nchw_to_nlc(self.get_v(v_img))
-        if self.attn_type == 'I':
-            out = self.attend(qw, kw, vw, win, mean_token=mean_token)
-        else:
-            out = self.attend(qw, kw, vw, bias=bias)
-        out = window_reverse(out + lepe, win, (hp, wp))
-        return crop_to(out, hw).reshape(b, n, c)
-
-
-class CSWinAttention(nn.Module):
-    """CSWin attention: ``qkv``, two half-width stripe branches (or one full branch), ``proj``.
-
-    InLine blocks use one branch over the whole map (the authors' setting, where the
-    InLine split size equals the map size); softmax blocks use vertical and horizontal
-    stripes of ``split_size`` in two half-channel branches, or one whole-map branch in
-    the last stage. The residual kernel predictor reads the mean of the block input
-    (before the norm), as in the authors' code: pass it as ``shortcut``.
-    """
-
-    def __init__(self, dim, num_heads, attn_type='I', split_size=7, last_stage=False,
-                 qkv_bias=True, kernel='identity', proj_drop=0.0):
-        super().__init__()
-        if attn_type not in ATTN_TYPES:
-            raise ValueError(f"attn_type must be 'I' (InLine) or 'S' (softmax), got {attn_type!r}")
-        check_heads(dim, num_heads)
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        one_branch = attn_type == 'I' or last_stage
-        if one_branch:
-            self.attns = nn.ModuleList([CSWinBranch(dim, num_heads, attn_type, kernel, None)])
-        else:
-            if dim % 2 or num_heads % 2:
-                raise ValueError(f'two-branch CSWin attention needs an even width and head '
-                                 f'count, got dim={dim}, num_heads={num_heads}')
-            self.attns = nn.ModuleList([
-                CSWinBranch(dim // 2, num_heads // 2, attn_type, kernel, (split_size, vertical))
-                for vertical in (True, False)])
-        self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
-
-    def forward(self, x, hw, shortcut=None):
-        """x: normed [B, H*W, C]; shortcut: the block input (for the mean token)."""
-        q, k, v = self.qkv(x).chunk(3, dim=-1)
-        mean = (shortcut if shortcut is not None else x).mean(dim=1)
-        parts = len(self.attns)
-        split = [t.chunk(parts, dim=-1) for t in (q, k, v, mean)]
-        out = torch.cat([branch(split[0][i], split[1][i], split[2][i], hw, split[3][i])
-                         for i, branch in enumerate(self.attns)], dim=-1)
         return self.proj_drop(self.proj(out))

@@ -6,6 +6,8 @@ import torch.nn as nn
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmcv.cnn.bricks.drop import DropPath
 
+from .attention import ATTN_TYPES, describe_attn_types
+
 
 class Mlp(nn.Module):
     """``fc1 -> act -> drop -> fc2 -> drop`` (the authors' names, so weights load as they are)."""
@@ -26,8 +28,10 @@ class TransformerBlock(nn.Module):
 
     Args:
         dim (int): width.
-        attn (nn.Module): the token mixer, called as ``attn(normed, hw, shortcut=x)``
-            and returning [B, N, C]. Families pass their own (global, windows, stripes).
+        attn (nn.Module): the token mixer, called as ``attn(normed, hw)`` and returning
+            [B, N, C]; one whose ``reads_block_input`` is true (CSWin) is called as
+            ``attn(normed, hw, shortcut=x)`` with the block input ``x``. Families pass
+            their own (global, windows, stripes).
         mlp_ratio (float): hidden width of the MLP over ``dim``. Default: 4.
         drop_path (float): stochastic depth rate. Default: 0.
         drop (float): dropout in the MLP. Default: 0.
@@ -40,13 +44,17 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.norm1 = build_norm_layer(norm_cfg, dim)[1]
         self.attn = attn
+        self.pass_block_input = getattr(attn, 'reads_block_input', False)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
         self.norm2 = build_norm_layer(norm_cfg, dim)[1]
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_cfg, drop)
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
         """x: [B, N, C]; hw: the (H, W) of the map the tokens form."""
-        x = x + self.drop_path(self.attn(self.norm1(x), hw, shortcut=x))
+        normed = self.norm1(x)
+        mixed = self.attn(normed, hw, shortcut=x) if self.pass_block_input else \
+            self.attn(normed, hw)
+        x = x + self.drop_path(mixed)
         return x + self.drop_path(self.mlp(self.norm2(x)))
 
 
@@ -75,9 +83,10 @@ def stochastic_depth_rates(depths, drop_path_rate: float):
 def parse_block_types(spec: str, depths, family: str):
     """Expand a block-type string into one 'I' / 'S' per block and stage.
 
-    One letter per stage: 'I' (InLine) or 'S' (softmax); 'M' means the stage's first
-    ``n`` blocks are InLine and the rest softmax, with ``n`` the number written after
-    the stage letters (the authors' 'IIMS2'). E.g. ``'IIMS2'`` for four stages.
+    One letter per stage: a letter of :data:`~.attention.ATTN_TYPES` ('I' InLine,
+    'S' softmax), or 'M': the stage's first ``n`` blocks are InLine and the rest
+    softmax, with ``n`` the number written after the stage letters (the authors'
+    'IIMS2'). E.g. ``'IIMS2'`` for four stages.
 
     Raises:
         ValueError: naming the problem, for a string of the wrong length or letters.
@@ -87,10 +96,10 @@ def parse_block_types(spec: str, depths, family: str):
         raise ValueError(f'{family}: block types {spec!r} need one letter per stage '
                          f'({num_stages} stages), e.g. {"I" * num_stages!r}')
     letters, tail = spec[:num_stages], spec[num_stages:]
-    bad = set(letters) - set('ISM')
+    bad = set(letters) - set(ATTN_TYPES) - {'M'}
     if bad:
         raise ValueError(f'{family}: block types {spec!r} use {sorted(bad)}; the letters are '
-                         "'I' (InLine), 'S' (softmax) and 'M' (mixed, then a count)")
+                         + describe_attn_types('and', ["'M' (mixed, then a count)"]))
     if 'M' in letters:
         if not tail.isdigit():
             raise ValueError(f"{family}: block types {spec!r} use 'M' but do not end with the "

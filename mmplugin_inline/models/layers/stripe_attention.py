@@ -1,0 +1,94 @@
+"""CSWin's attention: cross-shaped stripes (or the whole map) plus LePE.
+
+Stripes are windows of shape ``(H, width)`` (vertical) or ``(width, W)`` (horizontal),
+cut by :func:`~mmplugin_inline.core.stripe_partition`; the map is padded to whole
+stripes inside and padded keys are masked.
+"""
+import torch
+import torch.nn as nn
+
+from mmplugin_inline.core import (crop_to, nchw_to_nlc, nlc_to_nchw, pad_to_multiple,
+                                  stripe_partition, stripe_reverse, stripe_shape)
+
+from .attention import MultiHeadAttentionBase, check_attn_type, check_heads
+from .window_attention import shifted_window_mask
+
+
+class CSWinBranch(MultiHeadAttentionBase):
+    """One branch of CSWin attention: stripes (or the whole map) plus LePE.
+
+    ``stripe`` is ``None`` for the whole map, else ``(width, vertical)``.
+    """
+
+    def __init__(self, dim, num_heads, attn_type, kernel='identity', stripe=None):
+        super().__init__(dim, num_heads, attn_type, kernel)
+        self.stripe = stripe
+        self.get_v = nn.Conv2d(dim, dim, kernel_size=3, stride=1, padding=1, groups=dim)
+
+    def forward(self, q, k, v, hw, mean_token):
+        """q, k, v: [B, H*W, C] of this branch's channels -> [B, H*W, C]."""
+        b, n, c = q.shape
+        h, w = hw
+        # the whole map is one vertical stripe as wide as the map: no padding, no mask
+        width, vertical = self.stripe if self.stripe is not None else (w, True)
+        # only the stripe width must divide the map: pad to a multiple of (1, w) or (w, 1)
+        multiple = stripe_shape((1, 1), width, vertical)
+        maps = [pad_to_multiple(t.view(b, h, w, c), multiple)[0] for t in (q, k, v)]
+        hp, wp = maps[0].shape[1:3]
+        win = stripe_shape((hp, wp), width, vertical)
+        bias = shifted_window_mask((hp, wp), (h, w), win, (0, 0), q.device)
+        if bias is not None:
+            bias = bias.unsqueeze(1).repeat(b, 1, 1, 1)
+        qw, kw, vw = (stripe_partition(t, width, vertical) for t in maps)   # [G, Nw, C]
+        # LePE: depthwise conv of V inside each stripe (zero padded at stripe borders)
+        v_img = nlc_to_nchw(vw, win)
+        lepe = nchw_to_nlc(self.get_v(v_img))
+        if self.attn_type == 'I':
+            out = self.attend(qw, kw, vw, win, mean_token=mean_token)
+        else:
+            out = self.attend(qw, kw, vw, bias=bias)
+        out = stripe_reverse(out + lepe, width, vertical, (hp, wp))
+        return crop_to(out, hw).reshape(b, n, c)
+
+
+class CSWinAttention(nn.Module):
+    """CSWin attention: ``qkv``, two half-width stripe branches (or one full branch), ``proj``.
+
+    InLine blocks use one branch over the whole map (the authors' setting, where the
+    InLine split size equals the map size); softmax blocks use vertical and horizontal
+    stripes of ``split_size`` in two half-channel branches, or one whole-map branch in
+    the last stage. The residual kernel predictor reads the mean of the block input
+    (before the norm), as in the authors' code: :class:`TransformerBlock` passes it as
+    ``shortcut`` because :attr:`reads_block_input` is set.
+    """
+    #: ask :class:`~mmplugin_inline.models.layers.TransformerBlock` for ``shortcut=x``
+    reads_block_input = True
+
+    def __init__(self, dim, num_heads, attn_type='I', split_size=7, last_stage=False,
+                 qkv_bias=True, kernel='identity', proj_drop=0.0):
+        super().__init__()
+        check_attn_type(attn_type)
+        check_heads(dim, num_heads)
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        one_branch = attn_type == 'I' or last_stage
+        if one_branch:
+            self.attns = nn.ModuleList([CSWinBranch(dim, num_heads, attn_type, kernel, None)])
+        else:
+            if dim % 2 or num_heads % 2:
+                raise ValueError(f'two-branch CSWin attention needs an even width and head '
+                                 f'count, got dim={dim}, num_heads={num_heads}')
+            self.attns = nn.ModuleList([
+                CSWinBranch(dim // 2, num_heads // 2, attn_type, kernel, (split_size, vertical))
+                for vertical in (True, False)])
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x, hw, shortcut=None):
+        """x: normed [B, H*W, C]; shortcut: the block input (for the mean token)."""
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        mean = (shortcut if shortcut is not None else x).mean(dim=1)
+        parts = len(self.attns)
+        split = [t.chunk(parts, dim=-1) for t in (q, k, v, mean)]
+        out = torch.cat([branch(split[0][i], split[1][i], split[2][i], hw, split[3][i])
+                         for i, branch in enumerate(self.attns)], dim=-1)
+        return self.proj_drop(self.proj(out))

@@ -1,0 +1,140 @@
+"""Swin's attention in (shifted) windows, and the pieces only windows need.
+
+The relative position index of a window, the additive mask of shifted / padded
+windows (CSWin's padded stripes use it too: a stripe is a window), and
+:class:`WindowAttention`.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+from mmplugin_inline.core import crop_to, pad_to_multiple, window_partition, window_reverse
+
+from .attention import MultiHeadAttentionBase
+
+# additive bias that removes a key from softmax attention (Swin's value; finite, so a
+# query that sees only masked keys stays finite; its output is cropped away)
+MASK_VALUE = -100.0
+
+
+def relative_position_index(window: Tuple[int, int], table_window: Tuple[int, int]) -> torch.Tensor:
+    """Index into a ``(2*Th-1)*(2*Tw-1)`` relative position table, [wh*ww, wh*ww].
+
+    ``window`` may be smaller than the ``table_window`` the table was built for.
+    """
+    coords = torch.stack(torch.meshgrid(torch.arange(window[0]), torch.arange(window[1]),
+                                        indexing='ij')).flatten(1)          # [2, N]
+    rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0)        # [N, N, 2]
+    rel[..., 0] += table_window[0] - 1
+    rel[..., 1] += table_window[1] - 1
+    return rel[..., 0] * (2 * table_window[1] - 1) + rel[..., 1]
+
+
+def shifted_window_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: Tuple[int, int],
+                        shift: Tuple[int, int], device=None) -> Optional[torch.Tensor]:
+    """Additive mask for (shifted) windows over a padded map, [nW, N, N], or None.
+
+    Keys in another shift region than the query, and keys in the padding (outside
+    ``valid_hw``), get :data:`MASK_VALUE`. Built from the padded size at each forward.
+    """
+    (h, w), (vh, vw) = hw, valid_hw
+    if not any(shift) and (vh, vw) == (h, w):
+        return None
+    region = torch.zeros(1, h, w, 1, device=device)
+    if any(shift):
+        cnt = 0
+        for hs in (slice(0, -window[0]), slice(-window[0], -shift[0]), slice(-shift[0], None)):
+            for ws in (slice(0, -window[1]), slice(-window[1], -shift[1]), slice(-shift[1], None)):
+                region[:, hs, ws] = cnt
+                cnt += 1
+    pad = torch.zeros(1, h, w, 1, device=device)
+    pad[:, vh:] = 1
+    pad[:, :, vw:] = 1
+    if any(shift):
+        pad = torch.roll(pad, shifts=(-shift[0], -shift[1]), dims=(1, 2))
+    region_w = window_partition(region, window).squeeze(-1)                 # [nW, N]
+    pad_w = window_partition(pad, window).squeeze(-1)
+    differ = (region_w[:, None, :] != region_w[:, :, None]) | (pad_w[:, None, :] > 0)
+    return differ.float() * MASK_VALUE
+
+
+class WindowAttention(MultiHeadAttentionBase):
+    """Attention in (shifted) windows: Swin's W-MSA / SW-MSA, or InLine in windows.
+
+    Any H x W: the map is padded to whole windows, padded keys are masked (softmax)
+    and the output is cropped. As in the authors' Swin, a map no larger than one
+    window in its short side gets no shift.
+
+    Args:
+        dim (int): width.
+        num_heads (int): heads.
+        attn_type (str): 'S' (softmax) or 'I' (InLine in windows). Default: 'S'.
+        qkv_bias (bool): bias in the ``qkv`` projection. Default: True.
+        kernel (str): InLine feature map. Default: 'identity'.
+        window_size (int): window side. Default: 7.
+        shift (bool): shift the windows by half a window (SW-MSA). Default: False.
+        rel_pos_bias (bool): learned relative position bias (softmax). Default: True
+            for 'S', ignored for 'I'.
+        proj_drop (float): dropout after the output projection. Default: 0.
+    """
+
+    def __init__(self, dim, num_heads, attn_type='S', qkv_bias=True, kernel='identity',
+                 window_size=7, shift=False, rel_pos_bias=True, proj_drop=0.0):
+        super().__init__(dim, num_heads, attn_type, kernel)
+        # created before the bias table (as GlobalAttention does): the seeded
+        # initialisation and the parameter order (optimizer state) depend on it
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
+        if window_size < 1:
+            raise ValueError(f'window_size must be positive, got {window_size}')
+        self.window_size, self.shift = window_size, shift
+        self.use_rel_pos = attn_type == 'S' and rel_pos_bias
+        if self.use_rel_pos:
+            self.relative_position_bias_table = nn.Parameter(
+                torch.zeros((2 * window_size - 1) ** 2, num_heads))
+            nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
+            self.register_buffer('relative_position_index',
+                                 relative_position_index((window_size,) * 2, (window_size,) * 2),
+                                 persistent=False)
+
+    def project(self, x: torch.Tensor):
+        """q, k, v of the window tokens ``x``, each [G, N, C]."""
+        return self.qkv(x).chunk(3, dim=-1)
+
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        """x: [B, H*W, C] -> [B, H*W, C]."""
+        b, n, c = x.shape
+        h, w = hw
+        ws = self.window_size
+        shift = ws // 2 if self.shift and min(h, w) > ws else 0
+        xm, _ = pad_to_multiple(x.view(b, h, w, c), (ws, ws))
+        hp, wp = xm.shape[1:3]
+        if shift:
+            xm = torch.roll(xm, shifts=(-shift, -shift), dims=(1, 2))
+        windows = window_partition(xm, (ws, ws))                      # [B*nW, ws*ws, C]
+        q, k, v = self.project(windows)
+        if self.attn_type == 'S':
+            bias = shifted_window_mask((hp, wp), (h, w), (ws, ws), (shift, shift), x.device)
+            out = self._softmax_windows(q, k, v, bias, b)
+        else:
+            out = self.attend(q, k, v, (ws, ws), mean_token=windows.mean(dim=1))
+        out = window_reverse(out, (ws, ws), (hp, wp))
+        if shift:
+            out = torch.roll(out, shifts=(shift, shift), dims=(1, 2))
+        out = crop_to(out, hw).reshape(b, n, c)
+        return self.proj_drop(self.proj(out))
+
+    def _softmax_windows(self, q, k, v, mask, batch):
+        """Softmax per window with relative position bias and the window mask."""
+        bias = None
+        if self.use_rel_pos:
+            bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
+            bias = bias.view(q.shape[1], q.shape[1], -1).permute(2, 0, 1)   # [heads, N, N]
+        if mask is not None:
+            mask = mask.unsqueeze(1)                                         # [nW, 1, N, N]
+            bias = mask if bias is None else bias.unsqueeze(0) + mask
+            # windows are ordered batch-major: [B*nW, ...] -> per-window bias repeated over B
+            bias = bias.repeat(batch, 1, 1, 1)
+        return self.attend(q, k, v, bias=bias)
