@@ -3,7 +3,9 @@
 The conversion is a pure function (:func:`convert_checkpoint`): it detects the file's
 layout (``{'model': ...}``, ``{'state_dict': ...}``, ``module.`` / ``backbone.``
 prefixes) and the family it was trained as, renames keys to the backbone's names and
-drops the classifier and non-persistent buffers. :func:`load_pretrained` adds what
+drops the classifier and non-persistent buffers. What is particular to a family (the
+signature of its checkpoints, their buffers, its renames) is declared on its backbone
+class and read here from the registered families. :func:`load_pretrained` adds what
 needs the model: resizing position embeddings / tables, loading, and a loud report.
 Files (local paths or ``http(s)://`` URLs) are read as data only by
 :func:`mmplugin_inline.loading.load_weights`: whatever else the file holds (optimizer
@@ -18,18 +20,27 @@ import torch
 
 from mmplugin_inline.loading import SetAside, load_weights
 
-FAMILY_SIGNATURES = {  # a key only that family's released checkpoints have
-    'InLinePVT': re.compile(r'^pos_embed1$|^block1\.'),
-    'InLineSwinTransformer': re.compile(r'^layers\.\d+\.blocks\.'),
-    'InLineCSWinTransformer': re.compile(r'^stage1_conv_embed\.|^stage1\.\d+\.'),
-    'InLineDeiT': re.compile(r'^blocks\.\d+\.attn\.'),
-}
-# entries never loaded into a backbone: classifiers and buffers rebuilt at run time
-DROPPED = re.compile(r'^head(_dist)?\.|(^|\.)attn_mask$|relative_position_index$')
+CLASSIFIER = r'^head(_dist)?\.'  # classifier heads (and a distillation head): never loaded
 
-CSWIN_RENAMES = (  # the authors' CSWin keeps qkv / proj / attns in the block
-    (re.compile(r'^(stage\d+\.\d+)\.(qkv|proj|attns)\.'), r'\1.attn.\2.'),
-)
+
+def _families() -> dict:
+    """The registered backbone families, by class name (each knows its checkpoints)."""
+    from mmplugin_inline.models.backbones.base import registered_families  # imports us
+    return registered_families()
+
+
+def family_signatures() -> Dict[str, re.Pattern]:
+    """``{family: regex}``, the regex matching keys only that family's released
+    checkpoints have (each family's ``checkpoint_signature``)."""
+    return {name: re.compile(cls.checkpoint_signature) for name, cls in _families().items()
+            if cls.checkpoint_signature}
+
+
+def dropped_entries() -> re.Pattern:
+    """A regex of the entries never loaded into a backbone: classifier heads and the
+    buffers a family rebuilds at run time (each family's ``checkpoint_buffers``)."""
+    return re.compile('|'.join([CLASSIFIER] + [cls.checkpoint_buffers for cls in
+                                               _families().values() if cls.checkpoint_buffers]))
 
 
 _STATE_DICT_KEYS = ('state_dict', 'model', 'model_ema', 'module')
@@ -73,9 +84,10 @@ def unwrap_state_dict(obj) -> Dict[str, torch.Tensor]:
 
 def detect_family(sd: Dict[str, torch.Tensor]) -> Optional[str]:
     """Name of the family whose released checkpoints look like ``sd``, or None."""
-    scores = {name: sum(bool(p.search(k)) for k in sd) for name, p in FAMILY_SIGNATURES.items()}
-    best = max(scores, key=scores.get)
-    return best if scores[best] else None
+    scores = {name: sum(bool(p.search(k)) for k in sd)
+              for name, p in family_signatures().items()}
+    best = max(scores, key=scores.get, default=None)
+    return best if best and scores[best] else None
 
 
 def convert_checkpoint(obj, family: str) -> Dict[str, torch.Tensor]:
@@ -83,19 +95,22 @@ def convert_checkpoint(obj, family: str) -> Dict[str, torch.Tensor]:
 
     Args:
         obj (dict): the loaded checkpoint.
-        family (str): backbone class name, e.g. ``'InLineSwinTransformer'``.
+        family (str): backbone class name, e.g. ``'InLineSwinTransformer'``; its
+            ``checkpoint_renames`` rename the keys.
 
     Returns:
         OrderedDict: the converted state dict (classifier and buffers dropped).
     """
     sd = unwrap_state_dict(obj)
+    renames = [(re.compile(p), repl) for p, repl in
+               getattr(_families().get(family), 'checkpoint_renames', ())]
+    dropped = dropped_entries()
     out = OrderedDict()
     for key, value in sd.items():
-        if DROPPED.search(key):
+        if dropped.search(key):
             continue
-        if family == 'InLineCSWinTransformer':
-            for pattern, repl in CSWIN_RENAMES:
-                key = pattern.sub(repl, key)
+        for pattern, repl in renames:
+            key = pattern.sub(repl, key)
         out[key] = value
     return out
 

@@ -7,9 +7,14 @@ import pytest
 import torch
 
 from mmplugin_inline.checkpoint import convert_checkpoint
+from mmplugin_inline.models.backbones import registered_families
+from mmplugin_inline.models.backbones.base import preset_key
 from mmplugin_inline.registry import MODELS
 
+from tiny_models import TINY_BACKBONES
+
 DATA = os.path.join(os.path.dirname(__file__), 'data', 'reference', 'state_dict_keys')
+FAMILIES = sorted(registered_families())
 
 SMALL = {
     'InLinePVT': dict(arch=dict(embed_dims=[8, 16, 24, 32], num_heads=[1, 2, 2, 4],
@@ -25,6 +30,10 @@ STRIDES = {'InLineDeiT': [16, 16]}
 SIZES = [(224, 224), (112, 137), (511, 511)]
 
 
+def test_every_registered_family_has_test_sizes():
+    assert sorted(SMALL) == FAMILIES and sorted(TINY_BACKBONES) == FAMILIES
+
+
 def build(name, **kw):
     cfg = dict(type=name, drop_path_rate=0.0)
     cfg.update(SMALL[name])
@@ -38,7 +47,7 @@ def channels(model):
         [dims[i] for i in model.out_indices]
 
 
-@pytest.mark.parametrize('name', sorted(SMALL))
+@pytest.mark.parametrize('name', FAMILIES)
 @pytest.mark.parametrize('hw', SIZES)
 def test_output_shapes_and_strides_at_any_size(name, hw):
     model = build(name).eval()
@@ -53,7 +62,7 @@ def test_output_shapes_and_strides_at_any_size(name, hw):
         assert out.is_contiguous()  # NCHW memory: mmcv's RoIAlign ignores strides
 
 
-@pytest.mark.parametrize('name', sorted(SMALL))
+@pytest.mark.parametrize('name', FAMILIES)
 def test_every_parameter_gets_a_gradient(name):
     model = build(name).train()
     outs = model(torch.randn(2, 3, 67, 45))
@@ -63,7 +72,7 @@ def test_every_parameter_gets_a_gradient(name):
     assert no_grad == []  # DDP with find_unused_parameters=False needs every one
 
 
-@pytest.mark.parametrize('name', sorted(SMALL))
+@pytest.mark.parametrize('name', FAMILIES)
 def test_with_cp_gives_same_outputs_and_gradients(name):
     torch.manual_seed(0)
     ref = build(name).train()
@@ -79,7 +88,7 @@ def test_with_cp_gives_same_outputs_and_gradients(name):
         torch.testing.assert_close(p.grad, q.grad, msg=n)
 
 
-@pytest.mark.parametrize('name', sorted(SMALL))
+@pytest.mark.parametrize('name', FAMILIES)
 def test_frozen_stages_have_no_grad_even_after_train(name):
     model = build(name, frozen_stages=1)
     model.train()
@@ -105,7 +114,7 @@ def test_norm_eval_keeps_batchnorm_in_eval():
     assert not model.bn.training and model.block1.training
 
 
-@pytest.mark.parametrize('name', sorted(SMALL))
+@pytest.mark.parametrize('name', FAMILIES)
 def test_inputs_smaller_than_a_window_or_a_patch(name):
     model = build(name).eval()
     with torch.no_grad():
@@ -141,7 +150,7 @@ def test_bad_configurations_are_named(name, kw, match):
         build(name, **kw)
 
 
-@pytest.mark.parametrize('name', sorted(SMALL))
+@pytest.mark.parametrize('name', FAMILIES)
 def test_wrong_input_channels_are_named(name):
     with pytest.raises(ValueError, match=r'\[B, 3, H, W\]'):
         build(name)(torch.randn(1, 4, 32, 32))
@@ -149,18 +158,24 @@ def test_wrong_input_channels_are_named(name):
 
 # -- the released checkpoints' keys ------------------------------------------------------------
 
-RELEASED = {
-    'inline_pvt_tiny': ('InLinePVT', 't'), 'inline_pvt_small': ('InLinePVT', 's'),
-    'inline_pvt_medium': ('InLinePVT', 'm'), 'inline_pvt_large': ('InLinePVT', 'l'),
-    'inline_swin_tiny': ('InLineSwinTransformer', 't'),
-    'inline_swin_small': ('InLineSwinTransformer', 's'),
-    'inline_swin_base': ('InLineSwinTransformer', 'b'),
-    'inline_cswin_tiny': ('InLineCSWinTransformer', 't'),
-    'inline_cswin_small': ('InLineCSWinTransformer', 's'),
-    'inline_cswin_base': ('InLineCSWinTransformer', 'b'),
-    'inline_deit_tiny': ('InLineDeiT', 't'), 'inline_deit_small': ('InLineDeiT', 's'),
-    'inline_deit_base': ('InLineDeiT', 'b'),
-}
+def _key_lists():
+    """``{model name: (family, arch name)}`` of the key lists, ``<short_name>_<arch>.txt``."""
+    by_short_name = {cls.short_name: name for name, cls in registered_families().items()}
+    lists = {}
+    for file_name in os.listdir(DATA):
+        model_name = file_name[:-len('.txt')]
+        short_name, arch = model_name.rsplit('_', 1)
+        lists[model_name] = (by_short_name[short_name], arch)
+    return lists
+
+
+RELEASED = _key_lists()
+
+
+def test_every_released_model_has_a_key_list():
+    listed = sorted((family, preset_key(arch)) for family, arch in RELEASED.values())
+    assert listed == sorted((name, arch) for name, cls in registered_families().items()
+                            for arch in cls.released_weights)
 
 
 def read_key_list(model_name):

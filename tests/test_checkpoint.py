@@ -10,7 +10,7 @@ from mmplugin_inline.checkpoint import detect_family, unwrap_state_dict
 from mmplugin_inline.loading import SetAside, load_weights
 from mmplugin_inline.registry import MODELS
 
-from fidelity import backbone_cfg, load_fixture
+from fidelity import FAMILIES, backbone_cfg, load_fixture
 
 ROOT = __file__.rsplit('/tests/', 1)[0]
 
@@ -95,6 +95,13 @@ def test_unwrap_and_detect():
     assert detect_family({'foo.weight': torch.zeros(1)}) is None
     with pytest.raises(ValueError, match='no tensors'):
         unwrap_state_dict({'model': {'epoch': 3}})
+
+
+@pytest.mark.parametrize('family', FAMILIES)
+def test_each_family_is_detected_from_its_released_layout(family):
+    fixture = load_fixture(family)
+    assert detect_family(unwrap_state_dict(fixture['checkpoint'])) == \
+        backbone_cfg(family, fixture['arch'])['type']
 
 
 @pytest.mark.parametrize('family', ['cswin', 'pvt'])

@@ -12,7 +12,8 @@ from mmengine.config import Config
 from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import DefaultScope
 
-from mmplugin_inline.utils.preflight import RELEASED_WEIGHTS
+from mmplugin_inline.registry import MODELS
+from mmplugin_inline.utils.preflight import released_weights
 from tiny_models import REPO, config_files, shrink_model
 
 CONFIGS = config_files()
@@ -21,8 +22,6 @@ ODD_SIZES = [(61, 83), (77, 53)]
 # (CSWin has none: its positional term is a convolution, LePE)
 POSITION_TABLES = {'InLineSwinTransformer': ['relative_position_bias_table'],
                    'InLineDeiT': ['pos_embed', 'cls_token']}
-FAMILY_PREFIX = {'InLinePVT': 'inline_pvt', 'InLineSwinTransformer': 'inline_swin',
-                 'InLineCSWinTransformer': 'inline_cswin', 'InLineDeiT': 'inline_deit'}
 
 
 @functools.lru_cache(maxsize=None)
@@ -63,12 +62,13 @@ def test_config_names_the_plugin_and_where_its_imagenet_weights_go(path):
         assert path.startswith('configs/demo/')
     else:  # the file the backbone's arch and family were released as, under checkpoints/
         checkpoint = backbone.init_cfg.checkpoint
-        assert checkpoint == f'checkpoints/{FAMILY_PREFIX[backbone.type]}_{backbone.arch}.pth'
-        assert osp.basename(checkpoint) in RELEASED_WEIGHTS
+        short_name = MODELS.get(backbone.type).short_name
+        assert checkpoint == f'checkpoints/{short_name}_{backbone.arch}.pth'
+        assert osp.basename(checkpoint) in released_weights()
     assert cfg.model.get('pretrained') is None  # would bypass the backbone's own loading
     name = osp.basename(path)
     if name != 'mask_rcnn_inline_pvt.py':  # {algo}_{backbone}_... with the backbone's arch
-        family = FAMILY_PREFIX[backbone.type].replace('_', '-')
+        family = MODELS.get(backbone.type).short_name.replace('_', '-')
         assert f'_{family}-{backbone.arch}_' in name
 
 

@@ -13,7 +13,8 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 CONFIGS = osp.join(REPO, 'configs')
 SHAPES = ('circle', 'square', 'triangle')
 
-# per backbone type: (tiny arch, extra backbone settings, channels of stage / block outputs)
+# per backbone family (test-only sizes; tests/test_backbones.py checks that every registered
+# family has one): (tiny arch, extra backbone settings, channels of stage / block outputs)
 TINY_BACKBONES = {
     'InLinePVT': (dict(embed_dims=[16, 32, 64, 128], num_heads=[1, 2, 4, 8],
                        mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 1, 1]), {}, [16, 32, 64, 128]),
@@ -40,10 +41,11 @@ def _preset_block_types(backbone: dict):
     if backbone.get('block_types') or not isinstance(backbone.get('arch'), str):
         return None
     import mmplugin_inline  # noqa: F401
+    from mmplugin_inline.models.backbones.base import resolve_arch
     from mmplugin_inline.registry import MODELS
-    settings = MODELS.get(backbone['type']).arch_settings
-    key = {'tiny': 't', 'small': 's', 'base': 'b'}.get(backbone['arch'], backbone['arch'])
-    return settings.get(key, {}).get('block_types')
+    family = MODELS.get(backbone['type'])
+    return resolve_arch(backbone['arch'], family.arch_settings, family.__name__,
+                        ()).get('block_types')
 
 
 def shrink_backbone(backbone: dict) -> list:

@@ -6,28 +6,21 @@ as one message -- what is missing, where it was looked for, how to get it -- ins
 a stack trace from deep inside a dataset class or ``torch.load``.
 """
 import os.path as osp
-from typing import Iterable, Iterator, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 AUTHORS_PAGE = 'https://github.com/LeapLabTHU/InLine#pretrained-models'
-# The InLine authors' released ImageNet-1K weights (their README), by the file name the
-# configs expect under checkpoints/.
-_TSINGHUA_CLOUD_KEYS = [  # (file name, model, key of its TsinghuaCloud link)
-    ('inline_deit_t.pth', 'InLine-DeiT-T', '1d6b8191ad6d4114b291'),
-    ('inline_deit_s.pth', 'InLine-DeiT-S', '2f3898b07e9247f3beb3'),
-    ('inline_deit_b.pth', 'InLine-DeiT-B', '10bdd726d4b0435eb34e'),
-    ('inline_pvt_t.pth', 'InLine-PVT-T', '90ac52b1555b401eb5e6'),
-    ('inline_pvt_s.pth', 'InLine-PVT-S', '1ab953b2479d433080a3'),
-    ('inline_pvt_m.pth', 'InLine-PVT-M', 'a72aec31e6084bc0a280'),
-    ('inline_pvt_l.pth', 'InLine-PVT-L', 'efd91318ba964f01b288'),
-    ('inline_swin_t.pth', 'InLine-Swin-T', '32810869fcc34410966b'),
-    ('inline_swin_s.pth', 'InLine-Swin-S', 'e9657fd247c04c7cb1a1'),
-    ('inline_swin_b.pth', 'InLine-Swin-B', 'bf23564bb64c420aafe1'),
-    ('inline_cswin_t.pth', 'InLine-CSwin-T', '49fa2ecc543647c4b970'),
-    ('inline_cswin_s.pth', 'InLine-CSwin-S', '59f4e65f776f4052b93c'),
-    ('inline_cswin_b.pth', 'InLine-CSwin-B', '91e17121df284ae38521'),
-]
-RELEASED_WEIGHTS = {name: (model, f'https://cloud.tsinghua.edu.cn/f/{key}/?dl=1')
-                    for name, model, key in _TSINGHUA_CLOUD_KEYS}
+
+
+def released_weights() -> Dict[str, Tuple[str, str]]:
+    """The InLine authors' released ImageNet-1K weights (their README), by the file name
+    the configs expect under checkpoints/: ``{file name: (model, URL)}``, gathered from
+    the registered backbone families (each declares its own ``released_weights``)."""
+    from mmplugin_inline.models.backbones.base import registered_families
+    weights = {}
+    for family in registered_families().values():
+        weights.update(family.released_files())
+    return weights
+
 
 SYNTHETIC_HINT = ('For a quick try without the real data, tools/misc/make_shapes_dataset.py '
                   'generates a small COCO / ADE20K-style set.')
@@ -163,9 +156,9 @@ def _pretrained_entries(node, where: str) -> Iterator[Tuple[str, str]]:
 
 def weights_hint(path: str) -> str:
     """How to get the pretrained weights expected at ``path``."""
-    name = osp.basename(path)
-    if name in RELEASED_WEIGHTS:
-        model, url = RELEASED_WEIGHTS[name]
+    name, released = osp.basename(path), released_weights()
+    if name in released:
+        model, url = released[name]
         return (f'download the {model} ImageNet-1K weights released by the InLine authors '
                 f'({AUTHORS_PAGE}): `mkdir -p {osp.dirname(path) or "."} && wget -O {path} '
                 f'"{url}"`')

@@ -15,8 +15,8 @@ import sys
 
 import torch
 
-from mmplugin_inline.checkpoint import (DROPPED, FAMILY_SIGNATURES, convert_checkpoint,
-                                        detect_family, split_checkpoint)
+from mmplugin_inline.checkpoint import (convert_checkpoint, detect_family, dropped_entries,
+                                        family_signatures, split_checkpoint)
 from mmplugin_inline.loading import CheckpointError, load_weights
 
 
@@ -33,7 +33,7 @@ def convert_file(src: str, dst: str, family: str = None, allow_unsafe: bool = Fa
     os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
     torch.save({'state_dict': sd, 'meta': dict(source=os.path.basename(src), family=family)}, dst)
     return dict(family=family, detected=detected, entries_in=len(raw), entries_out=len(sd),
-                dropped=[k for k in raw if DROPPED.search(k)], ignored=ignored)
+                dropped=[k for k in raw if dropped_entries().search(k)], ignored=ignored)
 
 
 def main(argv=None):
@@ -42,7 +42,7 @@ def main(argv=None):
     parser.add_argument('src', help='released checkpoint ({"model": state_dict} or variants), '
                                     'a local file or an http(s) URL')
     parser.add_argument('dst', help='output file')
-    parser.add_argument('--family', choices=sorted(FAMILY_SIGNATURES),
+    parser.add_argument('--family', choices=sorted(family_signatures()),
                         help='override the detected family')
     parser.add_argument('--allow-unsafe', action='store_true',
                         help='full unpickling of SRC instead of the data-only reading (runs '

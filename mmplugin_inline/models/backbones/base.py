@@ -1,6 +1,7 @@
-"""What the four InLine backbones share: the OpenMMLab backbone contract."""
+"""What the InLine backbones share: the OpenMMLab backbone contract, the facts each
+family declares, and the list of registered families."""
 import copy
-from typing import List, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch.nn as nn
 from mmcv.cnn import build_norm_layer
@@ -11,14 +12,21 @@ from mmplugin_inline.checkpoint import load_pretrained
 from mmplugin_inline.core import nlc_to_nchw
 from mmplugin_inline.models.layers import (contiguous_map, parse_block_types,
                                            stochastic_depth_rates)
+from mmplugin_inline.registry import MODELS
+
+ARCH_ALIASES = {'tiny': 't', 'small': 's', 'medium': 'm', 'base': 'b', 'large': 'l'}
+
+
+def preset_key(arch: str) -> str:
+    """The ``arch_settings`` key a preset name means (``'Tiny'`` -> ``'t'``)."""
+    key = arch.lower()
+    return ARCH_ALIASES.get(key, key)
 
 
 def resolve_arch(arch, settings: dict, family: str, required: Sequence[str]) -> dict:
     """A preset by name (``'t'``, ``'tiny'``, ...) or an explicit dict with ``required`` keys."""
     if isinstance(arch, str):
-        key = arch.lower()
-        aliases = {'tiny': 't', 'small': 's', 'medium': 'm', 'base': 'b', 'large': 'l'}
-        key = aliases.get(key, key)
+        key = preset_key(arch)
         if key not in settings:
             raise ValueError(f'{family}: unknown arch {arch!r}; choose one of '
                              f'{sorted(settings)} or pass a dict with {list(required)}')
@@ -51,6 +59,17 @@ class InLineBackbone(BaseModule):
     Subclasses define ``stage_modules()`` (the modules of the stem and of each stage,
     for ``frozen_stages``) and may define ``adapt_pretrained(sd)``.
 
+    A family keeps its facts beside it, as class attributes: ``arch_settings`` (the
+    presets), ``short_name`` (its name in file names: ``checkpoints/<short_name>_<arch>.pth``,
+    ``configs/<short_name>/``), ``released_weights`` (the authors' released ImageNet-1K
+    weights per preset: ``{arch: (model name, URL)}``), ``checkpoint_signature`` (a regex
+    matching keys only its released checkpoints have), ``checkpoint_buffers`` (a regex
+    of the buffers they hold that the backbone rebuilds: dropped on loading),
+    ``checkpoint_renames`` (``(regex, replacement)`` pairs from their key names to the
+    backbone's), and the classmethod ``config_from_authors_args(args)`` (this backbone's
+    arguments for the authors' model built with ``args``). The loader, the converter
+    and preflight read them from :func:`registered_families`.
+
     ``frozen_stages``: -1 freezes nothing; 0 the stem (first patch embedding); ``k``
     the stem and the first ``k`` stages. It holds after ``train()``. ``norm_eval``
     keeps BatchNorm layers (if any are configured) in eval mode during training.
@@ -58,20 +77,36 @@ class InLineBackbone(BaseModule):
     classification checkpoint (see :mod:`mmplugin_inline.checkpoint`).
     """
 
+    arch_settings: Dict[str, dict] = {}
+    short_name: str = ''
+    released_weights: Dict[str, Tuple[str, str]] = {}
+    checkpoint_signature: Optional[str] = None
+    checkpoint_buffers: Optional[str] = None
+    checkpoint_renames: Tuple[Tuple[str, str], ...] = ()
+
     def __init__(self, frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
                  init_cfg=None):
         super().__init__(init_cfg=init_cfg)
         self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
 
-    def _init_pyramid(self, cfg: dict, out_indices, block_types: str, drop_path_rate: float):
-        """Stage layout of a hierarchical family whose width doubles per stage.
+    @classmethod
+    def released_files(cls) -> Dict[str, Tuple[str, str]]:
+        """``{file name the configs expect under checkpoints/: (model name, URL)}``."""
+        return {f'{cls.short_name}_{arch}.pth': weights
+                for arch, weights in cls.released_weights.items()}
 
-        Sets ``num_stages``, ``embed_dims`` and ``out_indices``; returns the widths, the
-        block type of every block and its drop-path rate (both per stage).
+    def _init_pyramid(self, cfg: dict, out_indices, block_types: str, drop_path_rate: float):
+        """Stage layout of a hierarchical family.
+
+        The widths are ``cfg['embed_dims']`` (one per stage) or, without it, doubling
+        from ``cfg['embed_dim']``. Sets ``num_stages``, ``embed_dims`` and ``out_indices``;
+        returns the widths, the block type of every block and its drop-path rate (both
+        per stage).
         """
         depths, name = cfg['depths'], type(self).__name__
         self.num_stages = len(depths)
-        self.embed_dims = [cfg['embed_dim'] * 2 ** i for i in range(self.num_stages)]
+        self.embed_dims = cfg['embed_dims'] if 'embed_dims' in cfg else \
+            [cfg['embed_dim'] * 2 ** i for i in range(self.num_stages)]
         self.out_indices = normalize_out_indices(out_indices, self.num_stages, name)
         return (self.embed_dims, parse_block_types(block_types, depths, name),
                 stochastic_depth_rates(depths, drop_path_rate))
@@ -159,3 +194,13 @@ class InLineBackbone(BaseModule):
         for name, p in self.named_parameters():
             if 'pos_embed' in name or 'cls_token' in name or 'bias_table' in name:
                 nn.init.trunc_normal_(p, std=0.02)
+
+
+def registered_families() -> Dict[str, type]:
+    """The backbone families registered in the plugin's ``MODELS``, by class name.
+
+    Importing :mod:`mmplugin_inline` registers them; a new family is found here once its
+    module is imported (``backbones/__init__.py``).
+    """
+    return {name: cls for name, cls in MODELS.module_dict.items()
+            if isinstance(cls, type) and issubclass(cls, InLineBackbone)}

@@ -68,6 +68,24 @@ class InLineCSWinTransformer(InLineBackbone):
         's': dict(embed_dim=64, depths=[3, 6, 29, 2], num_heads=[2, 4, 8, 16]),
         'b': dict(embed_dim=96, depths=[3, 6, 29, 2], num_heads=[4, 8, 16, 32]),
     }
+    short_name = 'inline_cswin'
+    released_weights = {
+        't': ('InLine-CSwin-T', 'https://cloud.tsinghua.edu.cn/f/49fa2ecc543647c4b970/?dl=1'),
+        's': ('InLine-CSwin-S', 'https://cloud.tsinghua.edu.cn/f/59f4e65f776f4052b93c/?dl=1'),
+        'b': ('InLine-CSwin-B', 'https://cloud.tsinghua.edu.cn/f/91e17121df284ae38521/?dl=1'),
+    }
+    checkpoint_signature = r'^stage1_conv_embed\.|^stage1\.\d+\.'
+    # the authors' CSWin keeps qkv / proj / attns in the block; ours in its attention
+    checkpoint_renames = ((r'^(stage\d+\.\d+)\.(qkv|proj|attns)\.', r'\1.attn.\2.'),)
+
+    @classmethod
+    def config_from_authors_args(cls, args: dict) -> dict:
+        """This backbone's arguments for the authors' model built with ``args`` (their
+        constructor arguments: ``attn_type``, ``depth``, ...)."""
+        return dict(block_types=args['attn_type'], split_size=args['split_size'],
+                    mlp_ratio=args['mlp_ratio'],
+                    arch=dict(embed_dim=args['embed_dim'], depths=args['depth'],
+                              num_heads=args['num_heads']))
 
     def __init__(self, arch='t', in_channels=3, block_types='IISS', kernel='identity',
                  split_size=(1, 2, 7, 7), mlp_ratio=4.0, qkv_bias=True, drop_rate=0.0,

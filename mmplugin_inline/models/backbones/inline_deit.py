@@ -54,6 +54,22 @@ class InLineDeiT(InLineBackbone):
         's': dict(embed_dim=320, depth=12, num_heads=10, pretrain_img_size=288),
         'b': dict(embed_dim=384, depth=12, num_heads=12, pretrain_img_size=448),
     }
+    short_name = 'inline_deit'
+    released_weights = {
+        't': ('InLine-DeiT-T', 'https://cloud.tsinghua.edu.cn/f/1d6b8191ad6d4114b291/?dl=1'),
+        's': ('InLine-DeiT-S', 'https://cloud.tsinghua.edu.cn/f/2f3898b07e9247f3beb3/?dl=1'),
+        'b': ('InLine-DeiT-B', 'https://cloud.tsinghua.edu.cn/f/10bdd726d4b0435eb34e/?dl=1'),
+    }
+    checkpoint_signature = r'^blocks\.\d+\.attn\.'
+
+    @classmethod
+    def config_from_authors_args(cls, args: dict) -> dict:
+        """This backbone's arguments for the authors' model built with ``args`` (their
+        constructor arguments: ``img_size``, ``patch_size``, ...)."""
+        return dict(pretrain_img_size=args['img_size'], patch_size=args['patch_size'],
+                    qkv_bias=args['qkv_bias'],
+                    arch=dict(embed_dim=args['embed_dim'], depth=args['depth'],
+                              num_heads=args['num_heads']))
 
     def __init__(self, arch='s', in_channels=3, patch_size=16, pretrain_img_size=None,
                  kernel='identity', mlp_ratio=4.0, qkv_bias=True, drop_rate=0.0,

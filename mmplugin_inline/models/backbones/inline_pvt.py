@@ -6,11 +6,10 @@ import torch.nn as nn
 
 from mmplugin_inline.core import nlc_to_nchw
 from mmplugin_inline.models.layers import (GlobalAttention, PatchEmbed, TransformerBlock,
-                                           parse_block_types, resize_pos_embed, run_blocks,
-                                           stochastic_depth_rates)
+                                           resize_pos_embed, run_blocks)
 from mmplugin_inline.registry import MODELS
 
-from .base import InLineBackbone, normalize_out_indices, resolve_arch
+from .base import InLineBackbone, resolve_arch
 
 _COMMON = dict(embed_dims=[64, 128, 320, 512], num_heads=[2, 4, 10, 16], mlp_ratios=[8, 8, 4, 4],
                sr_ratios=[8, 4, 2, 1])
@@ -27,10 +26,9 @@ class InLinePVT(InLineBackbone):
     attention (sr ratios [8, 4, 2, 1]).
 
     Unlike the authors' classifier, each output gets a LayerNorm by default (as in
-    PVTv2 and Swin for detection): the FPN then sees features of a fixed scale. In the
-    demo (Mask R-CNN from scratch) both settings learned; with the norms the run ended
-    higher (see README, FAQ). The released checkpoints have no such norms: they start
-    at weight 1, bias 0.
+    PVTv2 and Swin for detection): the FPN then sees features of a fixed scale (the
+    README's FAQ compares the two settings). The released checkpoints have no such
+    norms: they start at weight 1, bias 0.
 
     Args:
         arch (str | dict): 't', 's', 'm', 'l' or a dict with ``embed_dims``,
@@ -61,6 +59,23 @@ class InLinePVT(InLineBackbone):
         'm': dict(_COMMON, depths=[3, 4, 18, 3]),
         'l': dict(_COMMON, depths=[3, 8, 27, 3]),
     }
+    short_name = 'inline_pvt'
+    released_weights = {
+        't': ('InLine-PVT-T', 'https://cloud.tsinghua.edu.cn/f/90ac52b1555b401eb5e6/?dl=1'),
+        's': ('InLine-PVT-S', 'https://cloud.tsinghua.edu.cn/f/1ab953b2479d433080a3/?dl=1'),
+        'm': ('InLine-PVT-M', 'https://cloud.tsinghua.edu.cn/f/a72aec31e6084bc0a280/?dl=1'),
+        'l': ('InLine-PVT-L', 'https://cloud.tsinghua.edu.cn/f/efd91318ba964f01b288/?dl=1'),
+    }
+    checkpoint_signature = r'^pos_embed1$|^block1\.'
+
+    @classmethod
+    def config_from_authors_args(cls, args: dict) -> dict:
+        """This backbone's arguments for the authors' model built with ``args`` (their
+        constructor arguments: ``attn_type``, ``norm_eps``, ...)."""
+        return dict(block_types=args['attn_type'], qkv_bias=args['qkv_bias'],
+                    arch=dict(embed_dims=args['embed_dims'], num_heads=args['num_heads'],
+                              mlp_ratios=args['mlp_ratios'], depths=args['depths']),
+                    norm_cfg=dict(type='LN', eps=args['norm_eps']))
 
     def __init__(self, arch='t', in_channels=3, block_types='IIII', kernel='identity',
                  pretrain_img_size=224, qkv_bias=True, drop_rate=0.0, drop_path_rate=0.1,
@@ -70,13 +85,8 @@ class InLinePVT(InLineBackbone):
         super().__init__(frozen_stages, norm_eval, with_cp, init_cfg)
         cfg = resolve_arch(arch, self.arch_settings, 'InLinePVT',
                            ('embed_dims', 'num_heads', 'mlp_ratios', 'depths'))
-        dims, depths = cfg['embed_dims'], cfg['depths']
         sr_ratios = cfg.get('sr_ratios', _COMMON['sr_ratios'])
-        self.num_stages = len(depths)
-        self.embed_dims = dims
-        self.out_indices = normalize_out_indices(out_indices, self.num_stages, 'InLinePVT')
-        types = parse_block_types(block_types, depths, 'InLinePVT')
-        dpr = stochastic_depth_rates(depths, drop_path_rate)
+        dims, types, dpr = self._init_pyramid(cfg, out_indices, block_types, drop_path_rate)
         self.pos_drop = nn.Dropout(drop_rate)
         self.grid_sizes = []
         for i in range(self.num_stages):

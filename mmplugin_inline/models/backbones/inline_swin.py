@@ -58,6 +58,23 @@ class InLineSwinTransformer(InLineBackbone):
         'b': dict(embed_dim=128, depths=[2, 2, 18, 2], num_heads=[4, 8, 16, 32],
                   block_types='IIMS2'),
     }
+    short_name = 'inline_swin'
+    released_weights = {
+        't': ('InLine-Swin-T', 'https://cloud.tsinghua.edu.cn/f/32810869fcc34410966b/?dl=1'),
+        's': ('InLine-Swin-S', 'https://cloud.tsinghua.edu.cn/f/e9657fd247c04c7cb1a1/?dl=1'),
+        'b': ('InLine-Swin-B', 'https://cloud.tsinghua.edu.cn/f/bf23564bb64c420aafe1/?dl=1'),
+    }
+    checkpoint_signature = r'^layers\.\d+\.blocks\.'
+    checkpoint_buffers = r'(^|\.)attn_mask$|relative_position_index$'  # rebuilt per forward
+
+    @classmethod
+    def config_from_authors_args(cls, args: dict) -> dict:
+        """This backbone's arguments for the authors' model built with ``args`` (their
+        constructor arguments: ``attn_type``, ``embed_dim``, ...)."""
+        return dict(block_types=args['attn_type'], mlp_ratio=args['mlp_ratio'],
+                    qkv_bias=args['qkv_bias'],
+                    arch=dict(embed_dim=args['embed_dim'], depths=args['depths'],
+                              num_heads=args['num_heads']))
 
     def __init__(self, arch='t', in_channels=3, block_types=None, kernel='identity', window_size=7,
                  inline_window=None, mlp_ratio=4.0, qkv_bias=True, drop_rate=0.0,
