@@ -6,7 +6,8 @@ Usage::
         [--device cpu|cuda] [--score-thr 0.3] [--opacity 0.5] [--allow-unsafe]
         [--cfg-options KEY=VALUE ...]
 
-Which codebase the config belongs to is read from its ``default_scope``; the picture
+Which codebase the config belongs to is its ``default_scope``, else the codebase
+whose registry has the model type (``mmplugin_inline.utils.tool_setup``); the picture
 is drawn by mmdet's ``DetInferencer`` (``DetLocalVisualizer``) or mmseg's
 ``MMSegInferencer`` (``SegLocalVisualizer``) and written to ``DIR/vis/<image name>``
 (mmseg also writes the predicted label map to ``DIR/pred/``).
@@ -60,8 +61,8 @@ def run_demo(image: str, config, out_dir: str, weights=None, device: str = 'cpu'
     Returns:
         str: the path of the written picture.
     """
-    from mmplugin_inline.analysis import codebase_of, load_config
     from mmplugin_inline.loading import mmengine_checkpoint_loading
+    from mmplugin_inline.utils.tool_setup import codebase_of, load_config
     if not osp.isfile(image):
         raise FileNotFoundError(f'image not found: {image}')
     if weights is not None and not osp.isfile(weights):
@@ -101,7 +102,7 @@ def run_demo(image: str, config, out_dir: str, weights=None, device: str = 'cpu'
 
 
 def parse_args(argv=None):
-    from mmplugin_inline.analysis.cli import add_model_options
+    from mmplugin_inline.utils.tool_setup import add_model_options
     parser = argparse.ArgumentParser(description='Predict on one image and draw the result')
     parser.add_argument('image', help='image file')
     parser.add_argument('config', help='mmdet or mmseg config file')
@@ -120,11 +121,11 @@ def parse_args(argv=None):
 
 def main(argv=None):
     assert_environment()
-    from mmplugin_inline.analysis.cli import require_file
+    from mmplugin_inline.utils.tool_setup import load_tool_config
     args = parse_args(argv)
-    require_file(args.config)
-    path = run_demo(args.image, args.config, args.out_dir, args.weights, args.device,
-                    args.score_thr, args.opacity, args.cfg_options, args.allow_unsafe)
+    cfg, _ = load_tool_config(args.config, args.cfg_options)
+    path = run_demo(args.image, cfg, args.out_dir, args.weights, args.device, args.score_thr,
+                    args.opacity, allow_unsafe=args.allow_unsafe)
     print(f'wrote {path}')
     return path
 

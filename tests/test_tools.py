@@ -19,6 +19,7 @@ import torch
 from mmplugin_inline.loading import (UnsafeCheckpointError, load_run_checkpoint,
                                      mmengine_checkpoint_loading)
 from mmplugin_inline.utils.preflight import dataset_problems, format_problems, preflight
+from mmplugin_inline.utils.tool_setup import load_run_config, load_tool_config
 from tiny_models import REPO, SHAPES, det_run_config, seg_run_config
 
 PYTHON = sys.executable
@@ -290,6 +291,65 @@ def test_preflight_names_each_missing_path_through_dataset_wrappers(tmp_path):
     problems = preflight(cfg, 'test')
     assert len(problems) == 1 and 'missing.pth' in problems[0]
     assert format_problems(problems).startswith('Cannot start')
+
+
+# --------------------------------------------------------------------------- tool set-up
+
+def _unscoped_config(directory, model_type=None):
+    """The short-name Mask R-CNN config without its default_scope (and, with
+    ``model_type``, a model type that no codebase registers)."""
+    text = (f"_base_ = {osp.join(REPO, 'configs/mask_rcnn_inline_pvt.py')!r}\n"
+            'default_scope = None\n')
+    if model_type:
+        text += f'model = dict(type={model_type!r})\n'
+    path = osp.join(str(directory), f'unscoped_{model_type or "mask_rcnn"}.py')
+    with open(path, 'w') as f:
+        f.write(text)
+    return path
+
+
+def _tool_failure(main, argv, capsys):
+    """Run a tool's ``main`` in-process; return the stderr of its status-1 exit."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 1
+    out, err = capsys.readouterr()
+    assert 'Traceback' not in out + err
+    return err
+
+
+def test_every_tool_reads_and_attributes_a_config_the_same_way(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv('LOCAL_RANK', '0')  # what train / test export for mmengine
+    monkeypatch.chdir(tmp_path)            # no data/ nor checkpoints/ here
+    tools = dict(train=_load_script('tools/train.py').main,
+                 test=_load_script('tools/test.py').main,
+                 get_flops=_load_script('tools/analysis_tools/get_flops.py').main,
+                 benchmark=_load_script('tools/analysis_tools/benchmark.py').main,
+                 image_demo=_load_script('demo/image_demo.py').main,
+                 demo_report=_load_script('tools/misc/demo_report.py').main)
+
+    def argv(tool, config):
+        return dict(test=[config, 'nope.pth'], image_demo=['nope.jpg', config, '--out-dir', 'o'],
+                    demo_report=[config, 'nope.pth', 'work', '--out-dir', 'o']).get(tool, [config])
+
+    # a missing config file and a config of neither codebase: one message for all tools
+    neither = _unscoped_config(tmp_path, 'NoSuchModel')
+    for tool, main in tools.items():
+        err = _tool_failure(main, argv(tool, 'missing.py'), capsys)
+        assert 'Config file not found: missing.py' in err and 'configs/' in err, tool
+        err = _tool_failure(main, argv(tool, neither), capsys)
+        assert 'Cannot tell whether the config is for mmdet or mmseg' in err, tool
+        assert "'NoSuchModel'" in err and "default_scope = 'mmdet' or 'mmseg'" in err, tool
+    # without default_scope the codebase is the one whose registry has the model type
+    unscoped = _unscoped_config(tmp_path)
+    cfg, codebase = load_tool_config(unscoped)
+    assert codebase == 'mmdet' and cfg.get('default_scope') is None
+    cfg, codebase = load_run_config(unscoped, {'launcher': 'pytorch'}, work_dir='w')
+    assert (codebase, cfg.default_scope, cfg.launcher, cfg.work_dir) == ('mmdet', 'mmdet',
+                                                                         'pytorch', 'w')
+    # ... so train gets as far as the preflight check of the data and the weights
+    err = _tool_failure(tools['train'], [unscoped], capsys)
+    assert 'data/coco/' in err and 'checkpoints/inline_pvt_t.pth' in err
 
 
 @pytest.mark.slow

@@ -1,62 +1,23 @@
-"""Load any mmdet / mmseg config, build its model and a dummy batch for it.
+"""Build the model of any mmdet / mmseg config and a dummy batch for it.
 
-Shared by ``tools/analysis_tools/get_flops.py``, ``benchmark.py`` and
-``demo/image_demo.py``: which codebase a config belongs to is read from its
-``default_scope`` ('mmdet' or 'mmseg'); the model is built through that codebase's
+Shared by ``tools/analysis_tools/get_flops.py`` and ``benchmark.py``: the config is
+loaded and its codebase ('mmdet' or 'mmseg') told by
+:mod:`mmplugin_inline.utils.tool_setup`; the model is built through that codebase's
 registry with random weights (``init_weights`` is not called, so no checkpoint is
 read); the dummy batch goes through the model's own data preprocessor, so the
 network sees what it would see at inference (normalised, padded to the size divisor).
 """
-import copy
 import importlib
-from typing import Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 from mmengine.config import Config
 
-CODEBASES = ('mmdet', 'mmseg')
+from ..utils.tool_setup import CODEBASES, codebase_of
+
 #: input H x W when a tool is given none: mmdet's 1333 x 800 test scale, ADE20K's crop
 DEFAULT_SHAPES = {'mmdet': (800, 1333), 'mmseg': (512, 512)}
-
-
-def load_config(config: Union[str, Config, dict], cfg_options: Optional[dict] = None) -> Config:
-    """A :class:`Config` from a path, a Config or a dict; ``cfg_options`` merged in.
-
-    ``custom_imports`` are imported also for configs that did not come from a file
-    (``Config.fromfile`` does it for files), so the plugin's models are registered.
-    """
-    if isinstance(config, Config):
-        cfg = copy.deepcopy(config)  # merging options must not change the caller's
-    elif isinstance(config, dict):
-        cfg = Config(config)
-    else:
-        cfg = Config.fromfile(config)
-    if cfg_options:
-        cfg.merge_from_dict(cfg_options)
-    imports = cfg.get('custom_imports')
-    if imports:
-        from mmengine.utils import import_modules_from_strings
-        import_modules_from_strings(**imports)
-    return cfg
-
-
-def codebase_of(cfg: Config) -> str:
-    """'mmdet' or 'mmseg', from ``default_scope`` (else from where the model type is registered)."""
-    scope = cfg.get('default_scope')
-    if scope in CODEBASES:
-        return scope
-    model_type = cfg.get('model', {}).get('type')
-    found = []
-    for name in CODEBASES:
-        registry = importlib.import_module(f'{name}.registry').MODELS
-        if isinstance(model_type, str) and registry.get(model_type) is not None:
-            found.append(name)
-    if len(found) == 1:
-        return found[0]
-    raise ValueError(f'cannot tell whether the config is for mmdet or mmseg: default_scope is '
-                     f'{scope!r} and the model type {model_type!r} is registered in '
-                     f'{found or "neither"}; set default_scope = \'mmdet\' or \'mmseg\'')
 
 
 def build_model(cfg: Config, device: str = 'cpu', drop_auxiliary_head: bool = True) -> nn.Module:

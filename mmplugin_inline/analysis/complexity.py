@@ -5,15 +5,18 @@ ops it has handlers for. Two ops that attention layers use have none:
 
 - ``aten::scaled_dot_product_attention`` (softmax blocks): two matmuls,
   ``Q K^T`` and ``P V``, i.e. ``L * S * (d + dv)`` per head for L queries and S keys;
-- ``aten::baddbmm`` (the InLine kernel's ``mean(V) + Q @ M``): ``G * N * d * dv``.
+- ``aten::baddbmm(input, b1 [G, n, m], b2 [G, m, p])``: ``G * n * m * p`` (the added
+  ``input`` is not counted). The InLine kernel uses it for the rank-one centring of
+  its d x d matrix, ``M = (s / N) (phi(K)^T V - N mean(phi(K))^T mean(V))``: ``G * d * dv``.
 
 An autograd Function (``prim::PythonOp``, e.g. a kernel with a hand-written backward)
 is counted from the forward ops the tracer records inside it. Everything else the
 InLine kernel and its local residual use is already counted correctly by mmengine:
-the 4-D ``matmul`` of ``phi(K)^T V`` (``aten::matmul``), the grouped 1x1 ``Conv1d`` of
-the kernel predictor and the per-sample depthwise ``conv2d`` with
-``groups = B * C`` (both ``aten::_convolution``: weight ``[out, in / groups, k]`` makes
-the count ``out * in / groups * k * outputs``).
+``phi(K)^T V`` (``aten::matmul``), the output ``Q @ M`` (``aten::bmm``,
+``G * N * d * dv``; ``mean(V)`` is then added in place, ``aten::add_``, element-wise),
+the grouped 1x1 ``Conv1d`` of the kernel predictor and the per-sample depthwise
+``conv2d`` with ``groups = B * C`` (both ``aten::_convolution``: weight
+``[out, in / groups, k]`` makes the count ``out * in / groups * k * outputs``).
 
 Convention (mmengine's and fvcore's, and the one of the InLine / Swin / PVT papers'
 tables): one fused multiply-add counts as one FLOP, so the figures are multiply-

@@ -1,66 +1,12 @@
-"""What ``tools/train.py`` and ``tools/test.py`` share: the config and the device set-up.
+"""The Runner and device set-up of ``tools/train.py`` and ``tools/test.py``.
 
-Both tools serve mmdet and mmseg configs alike; the codebase is the config's
-``default_scope``. The runner itself is mmengine's, built from the config.
+Both tools serve mmdet and mmseg configs alike; the config is read by
+:func:`~mmplugin_inline.utils.tool_setup.load_run_config`. The runner itself is
+mmengine's, built from the config.
 """
-import os.path as osp
-from typing import Optional
-
 import torch
 
-CODEBASES = ('mmdet', 'mmseg')
-
-
-def add_common_args(parser, checkpoint_use: str) -> None:
-    """The options ``tools/train.py`` and ``tools/test.py`` share (OpenMMLab's names)."""
-    from mmengine.config import DictAction
-    parser.add_argument('--allow-unsafe', action='store_true',
-                        help=f'allow full unpickling (runs code from the file) of {checkpoint_use} '
-                             'that needs more than weights_only loading with the mmengine '
-                             'allow-list; only for files you trust')
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='override settings of the config, KEY=VALUE (lists as key="[a,b]" '
-                             'or key=a,b; no spaces)')
-    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
-                        default='none', help='job launcher')
-    # torch.distributed.launch passes --local-rank (torch >= 2.0) or --local_rank
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
-
-
-def parse_tool_args(parser, argv=None):
-    """Parse; export ``LOCAL_RANK`` for mmengine when a launcher passed it as an option."""
-    import os
-    args = parser.parse_args(argv)
-    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
-    return args
-
-
-def load_config(path: str, cfg_options: Optional[dict] = None, launcher: str = 'none',
-                work_dir: Optional[str] = None):
-    """Read a config, apply ``--cfg-options`` and choose the work directory.
-
-    The work directory is ``work_dir`` if given, else the config's own, else
-    ``./work_dirs/CONFIG_NAME`` (the OpenMMLab convention).
-    """
-    from mmengine.config import Config
-    cfg = Config.fromfile(path)
-    cfg.launcher = launcher
-    if cfg_options:
-        cfg.merge_from_dict(cfg_options)
-    if work_dir is not None:
-        cfg.work_dir = work_dir
-    elif cfg.get('work_dir') is None:
-        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(path))[0])
-    return cfg
-
-
-def codebase(cfg) -> str:
-    """'mmdet' or 'mmseg': the codebase a config is written for (its ``default_scope``)."""
-    scope = cfg.get('default_scope')
-    if scope not in CODEBASES:
-        fail(f"The config's default_scope is {scope!r}; these tools run configs of "
-             f'{" or ".join(CODEBASES)} (inherit their default_runtime.py).')
-    return scope
+from .tool_setup import fail
 
 
 def _replace_norm(node, old: str, new: str) -> int:
@@ -93,8 +39,8 @@ def prepare_cpu_distributed(cfg) -> bool:
     if cfg.get('launcher', 'none') == 'none' or torch.cuda.is_available():
         return False
     if cfg.launcher != 'pytorch':
-        raise SystemExit(f'--launcher {cfg.launcher} needs GPUs; on a machine without GPUs use '
-                         '--launcher pytorch (tools/dist_train.sh / dist_test.sh, torchrun).')
+        fail(f'--launcher {cfg.launcher} needs GPUs; on a machine without GPUs use '
+             '--launcher pytorch (tools/dist_train.sh / dist_test.sh, torchrun).')
     import torch.distributed as dist
     if not dist.is_initialized():
         dist.init_process_group(backend='gloo')  # RANK, WORLD_SIZE, MASTER_* from torchrun
@@ -115,20 +61,6 @@ def build_runner(cfg):
     if 'runner_type' in cfg:
         return RUNNERS.build(cfg)
     return Runner.from_cfg(cfg)
-
-
-def fail(message: str, stream=None) -> None:
-    """End the tool with ``message`` on stderr and status 1, without a stack trace."""
-    import sys
-    print(message, file=stream or sys.stderr, flush=True)
-    raise SystemExit(1)
-
-
-def check_config_path(path: str) -> None:
-    """Fail with a message when the config file does not exist."""
-    if not osp.isfile(path):
-        fail(f'Config file not found: {path} ({osp.abspath(path)}). The configs of this plugin '
-             'are under configs/, e.g. configs/inline_pvt/mask-rcnn_inline-pvt-t_fpn_1x_coco.py.')
 
 
 def preflight_or_fail(cfg, mode: str) -> None:

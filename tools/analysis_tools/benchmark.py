@@ -52,16 +52,16 @@ def benchmark(config, shape: Optional[Sequence[int]] = None, batch: int = 1, war
     """
     import torch
 
-    from mmplugin_inline.analysis import (build_model, codebase_of, dummy_data_batch,
-                                          load_config, parse_shape, peak_extra_memory,
-                                          tensor_bytes, time_calls)
+    from mmplugin_inline.analysis import (build_model, dummy_data_batch, parse_shape,
+                                          peak_extra_memory, tensor_bytes, time_calls)
+    from mmplugin_inline.utils.tool_setup import codebase_of, fail, load_config
     if mode not in MODES:
         raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
     if batch < 1 or iters < 1 or warmup < 0:
         raise ValueError(f'need batch >= 1, iters >= 1, warmup >= 0; got {batch}, {iters}, '
                          f'{warmup}')
     if torch.device(device).type == 'cuda' and not torch.cuda.is_available():
-        raise SystemExit(f'--device {device} asked for, but CUDA is not available here')
+        fail(f'--device {device} asked for, but CUDA is not available here')
     cfg = load_config(config, cfg_options)
     codebase = codebase_of(cfg)
     shape = parse_shape(shape, codebase)
@@ -116,7 +116,7 @@ def format_report(result: dict, config_name: str = '') -> str:
 
 
 def parse_args(argv=None):
-    from mmplugin_inline.analysis.cli import add_model_options
+    from mmplugin_inline.utils.tool_setup import add_model_options
     parser = argparse.ArgumentParser(
         description='Inference images/s and peak memory of an mmdet / mmseg model')
     parser.add_argument('config', help='config file path')
@@ -131,11 +131,11 @@ def parse_args(argv=None):
 
 def main(argv=None):
     assert_environment()
-    from mmplugin_inline.analysis.cli import require_file
+    from mmplugin_inline.utils.tool_setup import load_tool_config
     args = parse_args(argv)
-    require_file(args.config)
-    result = benchmark(args.config, args.shape, args.batch, args.warmup, args.iters,
-                       args.device, args.mode, args.cfg_options)
+    cfg, _ = load_tool_config(args.config, args.cfg_options)
+    result = benchmark(cfg, args.shape, args.batch, args.warmup, args.iters, args.device,
+                       args.mode)
     print(format_report(result, args.config))
     return result
 

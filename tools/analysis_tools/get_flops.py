@@ -14,9 +14,11 @@ heads), as mmdet's and mmseg's own get_flops do; the two-stage figure therefore
 depends on how many proposals the RPN keeps (up to 1000 with random weights, as with
 trained ones). The backbone row comes from the same trace. Handlers for softmax
 attention (``scaled_dot_product_attention``), ``baddbmm`` and custom autograd
-Functions (counted from the ops traced inside them, e.g. the InLine kernel) are added
-to mmengine's (see ``mmplugin_inline.analysis.complexity``); any op still not counted
-is printed as a warning.
+Functions (counted from the ops traced inside them: the InLine kernel's
+``phi(K)^T V`` matmul, the ``baddbmm`` of its rank-one centring and the ``bmm`` of
+``Q @ M``, its mean row added in place) are added to mmengine's (see
+``mmplugin_inline.analysis.complexity``); any op still not counted is printed as a
+warning.
 
 FLOPs here are multiply-accumulates: one fused multiply-add counts as one, the
 convention of mmengine / fvcore and of the tables of the InLine, Swin and PVT papers.
@@ -55,8 +57,8 @@ def get_flops(config, shape: Optional[Sequence[int]] = None, cfg_options: Option
     """
     import torch
 
-    from mmplugin_inline.analysis import (build_model, codebase_of, count_module, load_config,
-                                          parse_shape, preprocess_dummy)
+    from mmplugin_inline.analysis import build_model, count_module, parse_shape, preprocess_dummy
+    from mmplugin_inline.utils.tool_setup import codebase_of, load_config
     cfg = load_config(config, cfg_options)
     codebase = codebase_of(cfg)
     shape = parse_shape(shape, codebase)
@@ -129,7 +131,7 @@ def format_report(result: dict, config_name: str = '') -> str:
 
 
 def parse_args(argv=None):
-    from mmplugin_inline.analysis.cli import add_model_options
+    from mmplugin_inline.utils.tool_setup import add_model_options
     parser = argparse.ArgumentParser(
         description='Params and FLOPs (MACs) of an mmdet / mmseg model and its backbone')
     parser.add_argument('config', help='config file path')
@@ -144,11 +146,10 @@ def parse_args(argv=None):
 
 def main(argv=None):
     assert_environment()
-    from mmplugin_inline.analysis.cli import require_file
+    from mmplugin_inline.utils.tool_setup import load_tool_config
     args = parse_args(argv)
-    require_file(args.config)
-    result = get_flops(args.config, args.shape, args.cfg_options, args.backbone_only,
-                       args.device)
+    cfg, _ = load_tool_config(args.config, args.cfg_options)
+    result = get_flops(cfg, args.shape, backbone_only=args.backbone_only, device=args.device)
     print(format_report(result, args.config))
     if args.breakdown is not None:
         from mmplugin_inline.analysis import module_table

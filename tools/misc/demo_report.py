@@ -147,19 +147,15 @@ def main(argv=None):
     parser.add_argument('--out-dir', required=True)
     parser.add_argument('--num-images', type=int, default=8)
     parser.add_argument('--score-thr', type=float, default=0.5)
-    from mmengine.config import Config, DictAction
-    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
-                        help='config overrides, as in tools/train.py')
+    from mmplugin_inline.utils.tool_setup import add_cfg_options, load_tool_config
+    add_cfg_options(parser)
     args = parser.parse_args(argv)
 
     import mmcv
     from mmengine.registry import init_default_scope
 
     import mmplugin_inline  # noqa: F401
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
-    scope = cfg.get('default_scope', 'mmdet')
+    cfg, scope = load_tool_config(args.config, args.cfg_options)
     init_default_scope(scope)
     os.makedirs(args.out_dir, exist_ok=True)
 

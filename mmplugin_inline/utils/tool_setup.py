@@ -1,0 +1,160 @@
+"""What the command-line tools share: config loading, codebase detection, the shared
+command-line options and the failure messages.
+
+Used by ``tools/train.py``, ``tools/test.py``, ``tools/analysis_tools/get_flops.py``,
+``benchmark.py``, ``demo/image_demo.py`` and ``tools/misc/demo_report.py``, so that a
+config is read, overridden (``--cfg-options``) and attributed to mmdet or mmseg the
+same way by all of them, and a missing file or an unusable config ends every tool
+with the same one-line message (status 1, no traceback).
+
+The ``add_*_options`` helpers add options to a parser the tool script made: mmdet
+keeps argparse in its ``tools/`` scripts, and so does this plugin (no parser is made or
+parsed here, and argparse is not imported); the helpers live in the package only
+because the scripts under ``tools/`` and ``demo/`` are not importable from each other,
+and ``DictAction`` is imported when they are called, not when this module is.
+"""
+import copy
+import importlib
+import os.path as osp
+from typing import Optional, Tuple
+
+#: the codebases whose configs the tools run (their ``default_scope``)
+CODEBASES = ('mmdet', 'mmseg')
+SHAPE_HELP = ('input H W (or one size S for S x S); default 800 1333 for mmdet configs, '
+              '512 512 for mmseg configs')
+
+
+class CodebaseError(ValueError):
+    """A config that is neither recognisably mmdet's nor mmseg's."""
+
+
+def fail(message: str, stream=None) -> None:
+    """End the tool with ``message`` on stderr and status 1, without a stack trace."""
+    import sys
+    print(message, file=stream or sys.stderr, flush=True)
+    raise SystemExit(1)
+
+
+def check_config_path(path: str) -> None:
+    """Fail with a message when the config file does not exist."""
+    if not osp.isfile(path):
+        fail(f'Config file not found: {path} ({osp.abspath(path)}). The configs of this plugin '
+             'are under configs/, e.g. configs/inline_pvt/mask-rcnn_inline-pvt-t_fpn_1x_coco.py.')
+
+
+def load_config(config, cfg_options: Optional[dict] = None):
+    """A :class:`~mmengine.config.Config` from a path, a Config or a dict; ``cfg_options``
+    (``--cfg-options``) merged in.
+
+    ``custom_imports`` are imported also for configs that did not come from a file
+    (``Config.fromfile`` does it for files), so the plugin's models are registered.
+    """
+    from mmengine.config import Config
+    if isinstance(config, Config):
+        cfg = copy.deepcopy(config)  # merging options must not change the caller's
+    elif isinstance(config, dict):
+        cfg = Config(config)
+    else:
+        cfg = Config.fromfile(config)
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    imports = cfg.get('custom_imports')
+    if imports:
+        from mmengine.utils import import_modules_from_strings
+        import_modules_from_strings(**imports)
+    return cfg
+
+
+def codebase_of(cfg) -> str:
+    """'mmdet' or 'mmseg': the config's ``default_scope``, else the codebase whose
+    registry has the model type (when exactly one has it).
+
+    Raises:
+        CodebaseError: when neither tells.
+    """
+    scope = cfg.get('default_scope')
+    if scope in CODEBASES:
+        return scope
+    model_type = cfg.get('model', {}).get('type')
+    found = []
+    for name in CODEBASES:
+        registry = importlib.import_module(f'{name}.registry').MODELS
+        if isinstance(model_type, str) and registry.get(model_type) is not None:
+            found.append(name)
+    if len(found) == 1:
+        return found[0]
+    raise CodebaseError(
+        f'Cannot tell whether the config is for mmdet or mmseg: default_scope is {scope!r} '
+        f'and the model type {model_type!r} is registered in {found or "neither"}; set '
+        "default_scope = 'mmdet' or 'mmseg' (inherit their default_runtime.py).")
+
+
+def load_tool_config(path: str, cfg_options: Optional[dict] = None) -> Tuple[object, str]:
+    """The config at ``path`` with ``cfg_options`` and its codebase, for a tool's ``main``:
+    a missing file or a config of neither codebase ends the tool with a message."""
+    check_config_path(path)
+    cfg = load_config(path, cfg_options)
+    try:
+        return cfg, codebase_of(cfg)
+    except CodebaseError as exc:
+        fail(str(exc))
+
+
+def load_run_config(path: str, cfg_options: Optional[dict] = None, launcher: str = 'none',
+                    work_dir: Optional[str] = None) -> Tuple[object, str]:
+    """:func:`load_tool_config` for a run of mmengine's Runner (``tools/train.py``,
+    ``tools/test.py``): also the launcher, the scope and the work directory.
+
+    ``--cfg-options`` may override the launcher, as in mmdet's tools. The scope is set
+    to the codebase (it was inferred if the config had none), so the Runner builds
+    from that codebase's registries. The work directory is ``work_dir`` if given, else
+    the config's own, else ``./work_dirs/CONFIG_NAME`` (the OpenMMLab convention).
+    """
+    cfg, codebase = load_tool_config(path, {'launcher': launcher, **(cfg_options or {})})
+    cfg.default_scope = codebase
+    if work_dir is not None:
+        cfg.work_dir = work_dir
+    elif cfg.get('work_dir') is None:
+        cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(path))[0])
+    return cfg, codebase
+
+
+def add_cfg_options(parser) -> None:
+    """``--cfg-options KEY=VALUE ...`` (mmengine's ``DictAction``), read by
+    :func:`load_config`."""
+    from mmengine.config import DictAction
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override settings of the config, KEY=VALUE (lists as key="[a,b]" '
+                             'or key=a,b; no spaces)')
+
+
+def add_run_options(parser, checkpoint_use: str) -> None:
+    """The options ``tools/train.py`` and ``tools/test.py`` share (OpenMMLab's names)."""
+    parser.add_argument('--allow-unsafe', action='store_true',
+                        help=f'allow full unpickling (runs code from the file) of {checkpoint_use} '
+                             'that needs more than weights_only loading with the mmengine '
+                             'allow-list; only for files you trust')
+    add_cfg_options(parser)
+    parser.add_argument('--launcher', choices=['none', 'pytorch', 'slurm', 'mpi'],
+                        default='none', help='job launcher')
+    # torch.distributed.launch passes --local-rank (torch >= 2.0) or --local_rank
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+
+
+def parse_run_args(parser, argv=None):
+    """Parse the options of :func:`add_run_options`; export ``LOCAL_RANK`` for mmengine
+    when a launcher passed it as an option."""
+    import os
+    args = parser.parse_args(argv)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def add_model_options(parser, shape: bool = True) -> None:
+    """``--shape`` (optional), ``--device`` and ``--cfg-options``: the options of the tools
+    that build a model from a config (get_flops, benchmark, image_demo)."""
+    if shape:
+        parser.add_argument('--shape', type=int, nargs='+', default=None, metavar='SIZE',
+                            help=SHAPE_HELP)
+    parser.add_argument('--device', default='cpu', help='cpu or cuda (cuda:N)')
+    add_cfg_options(parser)
