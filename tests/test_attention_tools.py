@@ -6,10 +6,11 @@ import sys
 
 import pytest
 
+from helpers.runs import load_script
+
+benchmark_attention = load_script('tools/analysis_tools/benchmark_attention.py')
+injectivity = load_script('tools/analysis_tools/injectivity.py')
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'tools', 'analysis_tools'))
-import benchmark_attention  # noqa: E402
-import injectivity  # noqa: E402
 
 
 def _is_png(path):

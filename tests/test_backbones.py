@@ -11,7 +11,7 @@ from mmplugin_inline.models.backbones import registered_families
 from mmplugin_inline.models.backbones.base import preset_key
 from mmplugin_inline.registry import MODELS
 
-from tiny_models import TINY_BACKBONES
+from helpers.tiny_models import TINY_BACKBONES
 
 DATA = os.path.join(os.path.dirname(__file__), 'data', 'reference', 'state_dict_keys')
 FAMILIES = sorted(registered_families())

@@ -1,15 +1,13 @@
 """tools/analysis_tools/benchmark.py: images/s and peak memory, mmdet and mmseg, CPU."""
-import os
-import sys
-
 import pytest
 import torch
 
 from mmplugin_inline.analysis import peak_extra_memory, time_calls
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'tools', 'analysis_tools'))
-import benchmark  # noqa: E402
-from tool_configs import tiny_mask_rcnn, tiny_sem_fpn  # noqa: E402
+from helpers.tool_configs import tiny_mask_rcnn, tiny_sem_fpn
+from helpers.runs import load_script
+
+benchmark = load_script('tools/analysis_tools/benchmark.py')
 
 
 def test_time_calls_warms_up_then_times_each_call():

@@ -10,7 +10,7 @@ from mmplugin_inline.checkpoint import detect_family, unwrap_state_dict
 from mmplugin_inline.loading import SetAside, load_weights
 from mmplugin_inline.registry import MODELS
 
-from fidelity import FAMILIES, backbone_cfg, load_fixture
+from helpers.fidelity import FAMILIES, backbone_cfg, load_fixture
 
 ROOT = __file__.rsplit('/tests/', 1)[0]
 

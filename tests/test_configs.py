@@ -14,7 +14,7 @@ from mmengine.registry import DefaultScope
 
 from mmplugin_inline.registry import MODELS
 from mmplugin_inline.utils.preflight import released_weights
-from tiny_models import REPO, config_files, shrink_model
+from helpers.tiny_models import REPO, config_files, shrink_model
 
 CONFIGS = config_files()
 ODD_SIZES = [(61, 83), (77, 53)]

@@ -5,9 +5,8 @@ import os.path as osp
 import pytest
 from mmengine.config import Config
 
-from test_tools import dist_train_two_processes
-from test_tools import shapes  # noqa: F401,F811 - the fixture: 4 training images
-from tiny_models import REPO, det_run_config
+from helpers.runs import dist_train_two_processes
+from helpers.tiny_models import REPO, det_run_config
 
 DEIT_DET_CONFIG = osp.join(REPO, 'configs/inline_deit/mask-rcnn_inline-deit-s_sfp_1x_coco.py')
 # mmengine's default wrapper, spelled out: the DDP reducer expects a gradient for every

@@ -4,7 +4,7 @@ import torch
 
 from mmplugin_inline.registry import MODELS
 
-from fidelity import FAMILIES, backbone_cfg, load_fixture
+from helpers.fidelity import FAMILIES, backbone_cfg, load_fixture
 
 ATOL = 1e-4
 

@@ -14,8 +14,6 @@ Hand counts of attention, per head with N tokens (M keys) and head width d
 - softmax (SDPA): Q K^T = N M d and P V = N M d, i.e. 2 N^2 d per head when M = N.
 """
 import math
-import os
-import sys
 
 import pytest
 import torch
@@ -27,9 +25,10 @@ from mmplugin_inline.analysis import count_module
 from mmplugin_inline.models.backbones import InLinePVT
 from mmplugin_inline.models.layers import GlobalAttention, WindowAttention
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'tools', 'analysis_tools'))
-import get_flops  # noqa: E402
-from tool_configs import mask_rcnn_inline_pvt_t, tiny_sem_fpn  # noqa: E402
+from helpers.tool_configs import mask_rcnn_inline_pvt_t, tiny_sem_fpn
+from helpers.runs import load_script
+
+get_flops = load_script('tools/analysis_tools/get_flops.py')
 
 PVT_T = InLinePVT.arch_settings['t']
 

@@ -1,15 +1,15 @@
 """demo/image_demo.py: a picture from mmdet (boxes + masks) and mmseg (overlay) configs."""
 import os
-import sys
 
 import mmcv
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), '..', 'demo'))
-import image_demo  # noqa: E402
-from tool_configs import tiny_mask_rcnn, tiny_sem_fpn  # noqa: E402
+from helpers.tool_configs import tiny_mask_rcnn, tiny_sem_fpn
+from helpers.runs import load_script
+
+image_demo = load_script('demo/image_demo.py')
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from mmplugin_inline.loading import (CheckpointDownloadError, DamagedCheckpointE
 from mmplugin_inline.registry import MODELS
 from mmplugin_inline.utils.preflight import checkpoint_problems
 
-from fidelity import DATA, backbone_cfg, load_fixture
-from local_server import serve_folder
+from helpers.fidelity import DATA, backbone_cfg, load_fixture
+from helpers.local_server import serve_folder
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 # written by the InLine authors' own utils.save_checkpoint_new (see
@@ -347,8 +347,8 @@ def test_under_a_distributed_launcher_only_local_rank_0_downloads(server, tmp_pa
 
 @pytest.mark.slow
 def test_train_stops_at_an_unreachable_weights_url_before_building_anything(server, tmp_path):
-    from test_tools import DET_CONFIG, make_shapes, run_tool
-    from tiny_models import det_run_config
+    from helpers.runs import DET_CONFIG, make_shapes, run_tool
+    from helpers.tiny_models import det_run_config
     base, requests = server
     data = str(tmp_path / 'shapes')
     make_shapes.main([data, '--train', '2', '--val', '1', '--min-size', '64', '--max-size', '80'])

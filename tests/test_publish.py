@@ -14,12 +14,11 @@ from mmengine.logging import HistoryBuffer
 from mmengine.registry import DefaultScope
 
 from mmplugin_inline.loading import load_run_checkpoint
-from test_tools import (DET_CONFIG, PYTHON, SEG_CONFIG, _load_script, _ok, run_tool,  # noqa: F401
-                        shapes)
-from tiny_models import REPO, SHAPES, det_run_config, seg_run_config
+from helpers.runs import DET_CONFIG, PYTHON, SEG_CONFIG, load_script, ok, run_tool
+from helpers.tiny_models import REPO, SHAPES, det_run_config, seg_run_config
 
 TOOL = osp.join(REPO, 'tools/model_converters/publish_model.py')
-publish_model = _load_script('tools/model_converters/publish_model.py')
+publish_model = load_script('tools/model_converters/publish_model.py')
 
 # in a fresh interpreter that imports neither the plugin nor mmengine: torch's own allow-list
 _PLAIN_LOAD = """
@@ -153,14 +152,14 @@ def test_published_run_checkpoint_loads_plainly_and_infers(shapes, tmp_path,  # 
     config = tmp_path / 'tiny_run.py'
     config.write_text(make_config(base, shapes + suffix, **options))
     work = str(tmp_path / 'work')
-    _ok(*run_tool([PYTHON, osp.join(REPO, 'tools/train.py'), str(config),
+    ok(*run_tool([PYTHON, osp.join(REPO, 'tools/train.py'), str(config),
                    '--work-dir', work])[:2])
     trained = load_run_checkpoint(osp.join(work, name))
     assert {'meta', 'state_dict', 'optimizer', 'message_hub', 'param_schedulers'} <= set(trained)
 
     out_file = str(tmp_path / 'published' / 'tiny_run.pth')
     rc, out, err = run_tool([PYTHON, TOOL, osp.join(work, name), out_file])
-    _ok(rc, out)
+    ok(rc, out)
     stdout = out[:len(out) - len(err)]
     path = _check_published(out_file, stdout)
     assert 'removed: message_hub, optimizer, param_schedulers' in stdout

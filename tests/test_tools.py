@@ -2,14 +2,10 @@
 mmdet and mmseg pipelines, 2-process distributed training, safe checkpoint loading and
 the messages for missing files. Runs of tools/ are subprocesses, as users run them."""
 import glob
-import importlib.util
 import json
 import os
 import os.path as osp
 import pickle
-import socket
-import subprocess
-import sys
 
 import cv2
 import numpy as np
@@ -20,35 +16,11 @@ from mmplugin_inline.loading import (UnsafeCheckpointError, load_run_checkpoint,
                                      mmengine_checkpoint_loading)
 from mmplugin_inline.utils.preflight import dataset_problems, format_problems, preflight
 from mmplugin_inline.utils.tool_setup import load_run_config, load_tool_config
-from tiny_models import REPO, SHAPES, det_run_config, seg_run_config
 
-PYTHON = sys.executable
-DET_CONFIG = osp.join(REPO, 'configs/inline_pvt/mask-rcnn_inline-pvt-t_fpn_1x_coco.py')
-SEG_CONFIG = osp.join(REPO, 'configs/inline_swin/upernet_inline-swin-t_8xb2-160k_ade20k-512x512.py')
+from helpers.runs import (DET_CONFIG, PYTHON, SEG_CONFIG, checkpoint_meta,
+                          dist_train_two_processes, load_script, make_shapes, ok, run_tool)
+from helpers.tiny_models import REPO, SHAPES, det_run_config, seg_run_config
 
-
-def _load_script(relpath):
-    spec = importlib.util.spec_from_file_location(osp.basename(relpath)[:-3],
-                                                  osp.join(REPO, relpath))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_shapes = _load_script('tools/misc/make_shapes_dataset.py')
-
-
-def run_tool(args, cwd=REPO, timeout=300, env=None):
-    """Run a tool as a subprocess; return (returncode, stdout + stderr, stderr)."""
-    full_env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS='2')
-    full_env.update(env or {})
-    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env=full_env)
-    return proc.returncode, proc.stdout + proc.stderr, proc.stderr
-
-
-def _ok(rc, out):
-    assert rc == 0, out[-6000:]
 
 
 def _scalars(work_dir):
@@ -60,19 +32,7 @@ def _scalars(work_dir):
     return lines
 
 
-def _checkpoint_meta(path):
-    return load_run_checkpoint(path)['meta']
-
-
 # --------------------------------------------------------------------------- data set
-
-@pytest.fixture(scope='module')
-def shapes(tmp_path_factory):
-    out = str(tmp_path_factory.mktemp('shapes'))
-    assert make_shapes.main([out, '--train', '4', '--val', '2', '--min-size', '64',
-                             '--max-size', '96', '--seed', '3']) == 0
-    return out
-
 
 def _tree_bytes(root):
     result = {}
@@ -202,7 +162,7 @@ def test_importing_the_plugin_lets_torch_load_mmengine_checkpoints_and_no_more(t
     path = str(tmp_path / 'run.pth')
     _mmengine_like_checkpoint(path)
     rc, out, _ = run_tool([PYTHON, '-c', _SAFE_GLOBALS_SCRIPT, path])
-    _ok(rc, out)
+    ok(rc, out)
     assert 'refused without the plugin: UnpicklingError' in out  # mmengine 0.10.7 on torch 2.6+
     assert 'added exactly the mmengine list: True' in out
     assert 'mean 0.375' in out and 'still registered after our loader' in out
@@ -242,7 +202,7 @@ def test_only_history_buffer_methods_are_reachable_through_getattr(tmp_path):
 def test_pretrained_weights_that_would_run_code_load_as_data(tmp_path):
     """The other path: backbone init_cfg=Pretrained reads third-party files as data only."""
     from mmplugin_inline.models import InLinePVT
-    from tiny_models import TINY_BACKBONES
+    from helpers.tiny_models import TINY_BACKBONES
     marker = str(tmp_path / 'marker')
     path = str(tmp_path / 'pretrained.pth')
     source = InLinePVT(arch=TINY_BACKBONES['InLinePVT'][0])
@@ -321,12 +281,12 @@ def _tool_failure(main, argv, capsys):
 def test_every_tool_reads_and_attributes_a_config_the_same_way(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv('LOCAL_RANK', '0')  # what train / test export for mmengine
     monkeypatch.chdir(tmp_path)            # no data/ nor checkpoints/ here
-    tools = dict(train=_load_script('tools/train.py').main,
-                 test=_load_script('tools/test.py').main,
-                 get_flops=_load_script('tools/analysis_tools/get_flops.py').main,
-                 benchmark=_load_script('tools/analysis_tools/benchmark.py').main,
-                 image_demo=_load_script('demo/image_demo.py').main,
-                 demo_report=_load_script('tools/misc/demo_report.py').main)
+    tools = dict(train=load_script('tools/train.py').main,
+                 test=load_script('tools/test.py').main,
+                 get_flops=load_script('tools/analysis_tools/get_flops.py').main,
+                 benchmark=load_script('tools/analysis_tools/benchmark.py').main,
+                 image_demo=load_script('demo/image_demo.py').main,
+                 demo_report=load_script('tools/misc/demo_report.py').main)
 
     def argv(tool, config):
         return dict(test=[config, 'nope.pth'], image_demo=['nope.jpg', config, '--out-dir', 'o'],
@@ -378,16 +338,16 @@ def test_mask_rcnn_train_resume_and_test(shapes, tmp_path):
     train = [PYTHON, osp.join(REPO, 'tools/train.py'), str(config), '--work-dir', work]
 
     rc, out, _ = run_tool(train)  # 1 epoch: 4 images, batch 2
-    _ok(rc, out)
-    assert _checkpoint_meta(osp.join(work, 'epoch_1.pth'))['iter'] == 2
+    ok(rc, out)
+    assert checkpoint_meta(osp.join(work, 'epoch_1.pth'))['iter'] == 2
     val = [s for s in _scalars(work) if 'coco/bbox_mAP' in s]
     assert len(val) == 1 and 'coco/segm_mAP' in val[0]
 
     rc, out, _ = run_tool(train + ['--resume', osp.join(work, 'epoch_1.pth'),
                                    '--cfg-options', 'train_cfg.max_epochs=2'])
-    _ok(rc, out)
+    ok(rc, out)
     assert 'resumed epoch: 1, iter: 2' in out
-    meta = _checkpoint_meta(osp.join(work, 'epoch_2.pth'))
+    meta = checkpoint_meta(osp.join(work, 'epoch_2.pth'))
     assert (meta['epoch'], meta['iter']) == (2, 4)
     assert meta['dataset_meta']['classes'] == SHAPES
 
@@ -395,7 +355,7 @@ def test_mask_rcnn_train_resume_and_test(shapes, tmp_path):
     rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/test.py'), str(config),
                            osp.join(work, 'epoch_2.pth'), '--work-dir', test_dir,
                            '--show-dir', 'pictures', '--out', str(tmp_path / 'preds.pkl')])
-    _ok(rc, out)
+    ok(rc, out)
     metrics_files = glob.glob(osp.join(test_dir, '*', '2*.json'))
     assert len(metrics_files) == 1
     with open(metrics_files[0]) as f:
@@ -414,21 +374,21 @@ def test_upernet_train_auto_resume_and_test(shapes, tmp_path):
     train = [PYTHON, osp.join(REPO, 'tools/train.py'), str(config), '--work-dir', work]
 
     rc, out, _ = run_tool(train)  # 2 iterations, validation, checkpoint
-    _ok(rc, out)
-    assert _checkpoint_meta(osp.join(work, 'iter_2.pth'))['iter'] == 2
+    ok(rc, out)
+    assert checkpoint_meta(osp.join(work, 'iter_2.pth'))['iter'] == 2
     assert [s['mIoU'] for s in _scalars(work) if 'mIoU' in s]
 
     # --resume without a path: the latest checkpoint of the work directory
     rc, out, _ = run_tool(train + ['--resume', '--cfg-options', 'train_cfg.max_iters=4',
                                    'default_hooks.checkpoint.interval=4'])
-    _ok(rc, out)
+    ok(rc, out)
     assert 'resumed epoch: 0, iter: 2' in out
-    assert _checkpoint_meta(osp.join(work, 'iter_4.pth'))['iter'] == 4
+    assert checkpoint_meta(osp.join(work, 'iter_4.pth'))['iter'] == 4
 
     test_dir = str(tmp_path / 'test')
     rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/test.py'), str(config),
                            osp.join(work, 'iter_4.pth'), '--work-dir', test_dir])
-    _ok(rc, out)
+    ok(rc, out)
     with open(glob.glob(osp.join(test_dir, '*', '2*.json'))[0]) as f:
         metrics = json.load(f)
     assert {'mIoU', 'aAcc', 'mAcc'} <= metrics.keys() and 0 <= metrics['mIoU'] <= 100
@@ -447,26 +407,6 @@ def test_load_from_a_file_that_runs_code_is_refused_by_train(shapes, tmp_path):
     assert rc == 1 and 'Traceback' not in err
     assert 'builtins.exec' in err and '--allow-unsafe' in err
     assert not osp.exists(marker)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-
-def dist_train_two_processes(config, work: str) -> str:
-    """``tools/dist_train.sh CONFIG 2`` on the 4 shapes images, 1 image per process and
-    step; checks that it ran 2 distributed steps and saved; returns the output."""
-    rc, out, _ = run_tool(['bash', osp.join(REPO, 'tools/dist_train.sh'), str(config), '2',
-                           '--work-dir', work],
-                          env=dict(PYTHON=PYTHON, PORT=str(_free_port()), OMP_NUM_THREADS='1'))
-    _ok(rc, out)
-    assert 'Distributed training: True' in out
-    # 4 images, 1 per process and step: 2 steps per epoch with 2 processes (4 with one)
-    assert 'Epoch(train) [1][2/2]' in out
-    assert _checkpoint_meta(osp.join(work, 'epoch_1.pth'))['iter'] == 2
-    return out
 
 
 @pytest.mark.slow
@@ -512,21 +452,21 @@ def test_stock_runner_from_cfg_resumes_loads_and_tests_a_plugin_run(shapes, tmp_
     work = str(tmp_path / 'work')
     rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/train.py'), str(config), '--work-dir',
                            work])  # our tool writes the run: iter_2.pth
-    _ok(rc, out)
+    ok(rc, out)
 
     def stock(mode, *args):
         rc, out, _ = run_tool([PYTHON, '-c', _STOCK_TOOL, str(config), work, mode, *args])
-        _ok(rc, out)
+        ok(rc, out)
         assert 'Weights only load failed' not in out
         assert 'plugin imported by custom_imports: True' in out
         return out
 
     out = stock('resume-auto', '', '4')
     assert 'resumed epoch: 0, iter: 2' in out
-    assert _checkpoint_meta(osp.join(work, 'iter_4.pth'))['iter'] == 4
+    assert checkpoint_meta(osp.join(work, 'iter_4.pth'))['iter'] == 4
     out = stock('resume-path', osp.join(work, 'iter_4.pth'), '6')
     assert 'resumed epoch: 0, iter: 4' in out
-    assert _checkpoint_meta(osp.join(work, 'iter_6.pth'))['iter'] == 6
+    assert checkpoint_meta(osp.join(work, 'iter_6.pth'))['iter'] == 6
     out = stock('load_from', osp.join(work, 'iter_6.pth'), '1')
     assert 'Load checkpoint from' in out and 'resumed' not in out
     out = stock('test', osp.join(work, 'iter_6.pth'))

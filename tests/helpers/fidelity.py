@@ -6,7 +6,8 @@ import torch
 import mmplugin_inline  # noqa: F401  (registers the families)
 from mmplugin_inline.models.backbones import registered_families
 
-DATA = os.path.join(os.path.dirname(__file__), 'data', 'reference')
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data',
+                    'reference')
 # the fixtures are named after the released files: inline_<family>_mini.pt
 _BY_FIXTURE_NAME = {cls.short_name.replace('inline_', '', 1): cls
                     for cls in registered_families().values()}
