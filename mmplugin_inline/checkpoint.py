@@ -25,7 +25,7 @@ CLASSIFIER = r'^head(_dist)?\.'  # classifier heads (and a distillation head): n
 
 def _families() -> dict:
     """The registered backbone families, by class name (each knows its checkpoints)."""
-    from mmplugin_inline.models.backbones.base import registered_families  # imports us
+    from mmplugin_inline.registry import registered_families  # needs mmengine: lazily
     return registered_families()
 
 

@@ -20,6 +20,18 @@ PLUGIN_REGISTRIES = {'MODELS': MODELS, 'HOOKS': HOOKS}
 CODEBASE_REGISTRIES = ('mmdet.registry', 'mmseg.registry')
 
 
+def registered_families() -> dict:
+    """The backbone families registered in the plugin's ``MODELS``, by class name.
+
+    A family is a class that declares ``is_backbone_family = True`` (``InLineBackbone``
+    does); importing :mod:`mmplugin_inline` registers them, and a new family is found
+    here once its module is imported (``models/backbones/__init__.py``). Code that needs
+    every family's facts (checkpoint detection, preflight, tests) iterates over this.
+    """
+    return {name: cls for name, cls in MODELS.module_dict.items()
+            if getattr(cls, 'is_backbone_family', False)}
+
+
 def register_into_codebases() -> list:
     """Add the plugin's models and hooks to the installed codebases' registries.
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mmplugin_inline.checkpoint import convert_checkpoint
-from mmplugin_inline.models.backbones import registered_families
+from mmplugin_inline.registry import registered_families
 from mmplugin_inline.models.backbones.base import preset_key
 from mmplugin_inline.registry import MODELS
 

@@ -15,7 +15,7 @@ def released_weights() -> Dict[str, Tuple[str, str]]:
     """The InLine authors' released ImageNet-1K weights (their README), by the file name
     the configs expect under checkpoints/: ``{file name: (model, URL)}``, gathered from
     the registered backbone families (each declares its own ``released_weights``)."""
-    from mmplugin_inline.models.backbones.base import registered_families
+    from mmplugin_inline.registry import registered_families
     weights = {}
     for family in registered_families().values():
         weights.update(family.released_files())

@@ -4,7 +4,7 @@ import os
 import torch
 
 import mmplugin_inline  # noqa: F401  (registers the families)
-from mmplugin_inline.models.backbones import registered_families
+from mmplugin_inline.registry import registered_families
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'data',
                     'reference')

@@ -2,14 +2,14 @@
 
 Each family module holds everything particular to it (presets, released weights, the
 signature and renames of its checkpoints); importing it registers the family, and
-:func:`registered_families` lists what is registered. A new family: its module and one
+:func:`mmplugin_inline.registry.registered_families` lists what is registered. A new family: its module and one
 import line here.
 """
-from .base import InLineBackbone, registered_families
+from .base import InLineBackbone
 from .inline_cswin import InLineCSWinTransformer
 from .inline_deit import InLineDeiT
 from .inline_pvt import InLinePVT
 from .inline_swin import InLineSwinTransformer
 
-__all__ = ['InLineBackbone', 'registered_families', 'InLinePVT', 'InLineSwinTransformer',
-           'InLineCSWinTransformer', 'InLineDeiT']
+__all__ = ['InLineBackbone', 'InLinePVT', 'InLineSwinTransformer', 'InLineCSWinTransformer',
+           'InLineDeiT']

@@ -68,7 +68,7 @@ class InLineBackbone(BaseModule):
     ``checkpoint_renames`` (``(regex, replacement)`` pairs from their key names to the
     backbone's), and the classmethod ``config_from_authors_args(args)`` (this backbone's
     arguments for the authors' model built with ``args``). The loader, the converter
-    and preflight read them from :func:`registered_families`.
+    and preflight read them from :func:`mmplugin_inline.registry.registered_families`.
 
     ``frozen_stages``: -1 freezes nothing; 0 the stem (first patch embedding); ``k``
     the stem and the first ``k`` stages. It holds after ``train()``. ``norm_eval``
@@ -77,6 +77,7 @@ class InLineBackbone(BaseModule):
     classification checkpoint (see :mod:`mmplugin_inline.checkpoint`).
     """
 
+    is_backbone_family = True  # listed by mmplugin_inline.registry.registered_families
     arch_settings: Dict[str, dict] = {}
     short_name: str = ''
     released_weights: Dict[str, Tuple[str, str]] = {}
@@ -194,13 +195,3 @@ class InLineBackbone(BaseModule):
         for name, p in self.named_parameters():
             if 'pos_embed' in name or 'cls_token' in name or 'bias_table' in name:
                 nn.init.trunc_normal_(p, std=0.02)
-
-
-def registered_families() -> Dict[str, type]:
-    """The backbone families registered in the plugin's ``MODELS``, by class name.
-
-    Importing :mod:`mmplugin_inline` registers them; a new family is found here once its
-    module is imported (``backbones/__init__.py``).
-    """
-    return {name: cls for name, cls in MODELS.module_dict.items()
-            if isinstance(cls, type) and issubclass(cls, InLineBackbone)}
