@@ -101,7 +101,11 @@ def convert_checkpoint(obj, family: str) -> Dict[str, torch.Tensor]:
     Returns:
         OrderedDict: the converted state dict (classifier and buffers dropped).
     """
-    sd = unwrap_state_dict(obj)
+    return convert_state_dict(unwrap_state_dict(obj), family)
+
+
+def convert_state_dict(sd: Dict[str, torch.Tensor], family: str) -> Dict[str, torch.Tensor]:
+    """:func:`convert_checkpoint` of a state dict already unwrapped (:func:`split_checkpoint`)."""
     renames = [(re.compile(p), repl) for p, repl in
                getattr(_families().get(family), 'checkpoint_renames', ())]
     dropped = dropped_entries()
@@ -132,9 +136,8 @@ def load_pretrained(model: torch.nn.Module, path: str, family: str, allow_unsafe
             naming the family the checkpoint looks like.
     """
     from mmengine.logging import print_log
-    obj = load_weights(path, allow_unsafe=allow_unsafe)
-    ignored = split_checkpoint(obj)[1]
-    sd = convert_checkpoint(obj, family)
+    raw, ignored = split_checkpoint(load_weights(path, allow_unsafe=allow_unsafe))
+    sd = convert_state_dict(raw, family)
     if hasattr(model, 'adapt_pretrained'):
         sd = model.adapt_pretrained(sd)
     own = model.state_dict()

@@ -136,6 +136,13 @@ def check_checkpoint_file(path: str) -> None:
         raise _damaged(path, reason)
 
 
+def _checked_local_file(path: str) -> str:
+    """The local file behind ``path`` (a URL is downloaded once), checked for damage."""
+    path = cached_file(path) if is_url(path) else osp.expanduser(path)
+    check_checkpoint_file(path)
+    return path
+
+
 def _read_failure(path: str, exc: BaseException) -> DamagedCheckpointError:
     """The error for a file that passed :func:`damage_of` but could not be read."""
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -238,9 +245,7 @@ def load_weights(path: str, map_location='cpu', allow_unsafe: bool = False):
         DamagedCheckpointError: empty, truncated, a web page, not a checkpoint.
         CheckpointDownloadError: a URL that could not be fetched.
     """
-    if is_url(path):
-        path = cached_file(path)
-    check_checkpoint_file(path)
+    path = _checked_local_file(path)
     if not allow_unsafe and os.environ.get('TORCH_FORCE_WEIGHTS_ONLY_LOAD', '0').lower() in (
             '1', 'y', 'yes', 'true'):
         # torch then refuses any custom unpickler; its own loader is the strictest reading
@@ -389,10 +394,7 @@ def load_run_checkpoint(filename: str, map_location=None, allow_unsafe: bool = F
         UnsafeCheckpointError: it needs more than the allow-list and ``allow_unsafe``
             is False.
     """
-    if is_url(filename):
-        filename = cached_file(filename)
-    filename = osp.expanduser(filename)
-    check_checkpoint_file(filename)
+    filename = _checked_local_file(filename)
     try:
         if allow_unsafe:
             return torch.load(filename, map_location=map_location, weights_only=False)

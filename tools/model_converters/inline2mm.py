@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from mmplugin_inline.checkpoint import (convert_checkpoint, detect_family, dropped_entries,
+from mmplugin_inline.checkpoint import (convert_state_dict, detect_family, dropped_entries,
                                         family_signatures, split_checkpoint)
 from mmplugin_inline.loading import CheckpointError, load_weights
 
@@ -29,11 +29,11 @@ def convert_file(src: str, dst: str, family: str = None, allow_unsafe: bool = Fa
     if family is None:
         raise ValueError(f'{src}: cannot tell which InLine family this checkpoint is (none of '
                          f'the known key patterns match); pass --family')
-    sd = convert_checkpoint(obj, family)
+    sd = convert_state_dict(raw, family)
     os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
     torch.save({'state_dict': sd, 'meta': dict(source=os.path.basename(src), family=family)}, dst)
     return dict(family=family, detected=detected, entries_in=len(raw), entries_out=len(sd),
-                dropped=[k for k in raw if dropped_entries().search(k)], ignored=ignored)
+                dropped=list(filter(dropped_entries().search, raw)), ignored=ignored)
 
 
 def main(argv=None):
