@@ -4,7 +4,6 @@ import importlib.util
 import logging
 import os
 import os.path as osp
-import socket
 import subprocess
 import sys
 
@@ -19,6 +18,8 @@ from mmplugin_inline.utils.preflight import checkpoint_problems
 
 from helpers.fidelity import DATA, backbone_cfg, load_fixture
 from helpers.local_server import serve_folder
+from helpers.pickles import RunsCode, writes_marker
+from helpers.runs import free_port
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 # written by the InLine authors' own utils.save_checkpoint_new (see
@@ -109,24 +110,14 @@ def test_converter_reads_the_authors_training_format(tmp_path):
 
 # --------------------------------------------------------------------------- malicious pickles
 
-class _RunsCode:
-    """Unpickling this calls ``func(*args)``: code of the file's choosing."""
-
-    def __init__(self, func, *args):
-        self.func, self.args = func, args
-
-    def __reduce__(self):
-        return self.func, self.args
-
-
 @pytest.mark.parametrize('how', ['os.system', 'exec', 'eval', 'subprocess'])
 def test_a_pickle_that_would_run_code_loads_as_inert_data(how, tmp_path):
     marker = tmp_path / 'marker'
     payload = {
-        'os.system': _RunsCode(os.system, f'touch {marker}'),
-        'exec': _RunsCode(exec, f'open({str(marker)!r}, "w").write("ran")'),
-        'eval': _RunsCode(eval, f'open({str(marker)!r}, "w").write("ran")'),
-        'subprocess': _RunsCode(subprocess.call, ['touch', str(marker)]),
+        'os.system': RunsCode(os.system, f'touch {marker}'),
+        'exec': writes_marker(marker),
+        'eval': RunsCode(eval, f'open({str(marker)!r}, "w").write("ran")'),
+        'subprocess': RunsCode(subprocess.call, ['touch', str(marker)]),
     }[how]
     path = tmp_path / 'evil.pth'
     torch.save({'model': load_fixture('deit')['checkpoint']['model'], 'x': payload}, path)
@@ -248,10 +239,7 @@ def server(tmp_path):
 
 
 def _closed_port_url():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
-    return f'http://127.0.0.1:{port}/weights.pth'  # nothing listens there any more
+    return f'http://127.0.0.1:{free_port()}/weights.pth'  # nothing listens there
 
 
 def test_url_file_names_come_from_the_path_not_the_query():
@@ -324,9 +312,7 @@ dist.destroy_process_group()
 def test_under_a_distributed_launcher_only_local_rank_0_downloads(server, tmp_path):
     base, requests = server
     url = f'{base}/f/2f3898b07e9247f3beb3/?dl=1'
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for rank in range(2):
         env = dict(os.environ, PYTHONPATH=ROOT, RANK=str(rank), LOCAL_RANK=str(rank),

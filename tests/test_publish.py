@@ -14,6 +14,7 @@ from mmengine.logging import HistoryBuffer
 from mmengine.registry import DefaultScope
 
 from mmplugin_inline.loading import load_run_checkpoint
+from helpers.pickles import RunsCode
 from helpers.runs import DET_CONFIG, PYTHON, SEG_CONFIG, load_script, ok, run_tool
 from helpers.tiny_models import REPO, SHAPES, det_run_config, seg_run_config
 
@@ -112,11 +113,8 @@ def test_publish_explains_bad_input_without_a_traceback(tmp_path, capsys):
     assert publish_model.main([str(damaged), str(tmp_path / 'out.pth')]) == 1
     assert 'is a web page' in capsys.readouterr().err
 
-    class _RunsCode:
-        def __reduce__(self):
-            return (print, ('ran',))
     unsafe = str(tmp_path / 'unsafe.pth')
-    torch.save({'state_dict': {}, 'meta': {}, 'x': _RunsCode()}, unsafe)
+    torch.save({'state_dict': {}, 'meta': {}, 'x': RunsCode(print, 'ran')}, unsafe)
     assert publish_model.main([unsafe, str(tmp_path / 'out.pth')]) == 1
     assert '--allow-unsafe' in capsys.readouterr().err
     assert not list(tmp_path.glob('out*'))  # nothing was written

@@ -17,6 +17,7 @@ from mmplugin_inline.loading import (UnsafeCheckpointError, load_run_checkpoint,
 from mmplugin_inline.utils.preflight import dataset_problems, format_problems, preflight
 from mmplugin_inline.utils.tool_setup import load_run_config, load_tool_config
 
+from helpers.pickles import writes_marker
 from helpers.runs import (DET_CONFIG, PYTHON, SEG_CONFIG, checkpoint_meta,
                           dist_train_two_processes, load_script, make_shapes, ok, run_tool)
 from helpers.tiny_models import REPO, SHAPES, det_run_config, seg_run_config
@@ -114,16 +115,6 @@ def test_shapes_noisy_fraction_switches_the_background(tmp_path):
 
 # --------------------------------------------------------------------------- safe loading
 
-class _RunsCode:
-    """Unpickling this runs code (here: writes a marker file)."""
-
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return exec, (f'open({self.marker!r}, "w").write("ran")',)
-
-
 def _mmengine_like_checkpoint(path):
     from mmengine.logging import MessageHub
     hub = MessageHub.get_instance('test_safe_load')
@@ -175,7 +166,7 @@ def test_importing_the_plugin_lets_torch_load_mmengine_checkpoints_and_no_more(t
 def test_files_that_run_code_are_refused_unless_opted_in(tmp_path):
     marker = str(tmp_path / 'marker')
     path = str(tmp_path / 'evil.pth')
-    torch.save({'state_dict': {'w': torch.ones(1)}, 'extra': _RunsCode(marker)}, path)
+    torch.save({'state_dict': {'w': torch.ones(1)}, 'extra': writes_marker(marker)}, path)
     with pytest.raises(UnsafeCheckpointError, match='exec.*--allow-unsafe'):
         load_run_checkpoint(path)
     with mmengine_checkpoint_loading(), pytest.raises(UnsafeCheckpointError):
@@ -206,7 +197,7 @@ def test_pretrained_weights_that_would_run_code_load_as_data(tmp_path):
     marker = str(tmp_path / 'marker')
     path = str(tmp_path / 'pretrained.pth')
     source = InLinePVT(arch=TINY_BACKBONES['InLinePVT'][0])
-    torch.save({'model': source.state_dict(), 'x': _RunsCode(marker)}, path)
+    torch.save({'model': source.state_dict(), 'x': writes_marker(marker)}, path)
     model = InLinePVT(arch=TINY_BACKBONES['InLinePVT'][0],
                       init_cfg=dict(type='Pretrained', checkpoint=path))
     model.init_weights()
@@ -398,7 +389,7 @@ def test_upernet_train_auto_resume_and_test(shapes, tmp_path):
 def test_load_from_a_file_that_runs_code_is_refused_by_train(shapes, tmp_path):
     marker = str(tmp_path / 'marker')
     evil = str(tmp_path / 'evil.pth')
-    torch.save({'state_dict': {}, 'x': _RunsCode(marker)}, evil)
+    torch.save({'state_dict': {}, 'x': writes_marker(marker)}, evil)
     config = tmp_path / 'mask-rcnn_tiny.py'
     config.write_text(det_run_config(DET_CONFIG, shapes + '/'))
     rc, out, err = run_tool([PYTHON, osp.join(REPO, 'tools/train.py'), str(config),
