@@ -1,0 +1,122 @@
+"""Packaging as pip sees it: the metadata setuptools builds from this checkout.
+
+OpenMMLab's convention: mmcv is not an install requirement (``requirements/mminstall.txt``
+lists it for ``mim install``), mmdet and mmsegmentation are extras, and the licence and
+citation files agree with the package.
+"""
+import email
+import glob
+import os
+import os.path as osp
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from helpers.tiny_models import REPO
+
+
+@pytest.fixture(scope='module')
+def metadata(tmp_path_factory):
+    """The METADATA file of a wheel built from this checkout (setuptools' own backend)."""
+    out = tmp_path_factory.mktemp('meta')
+    code = ('import sys, setuptools.build_meta as b; '
+            'print(b.prepare_metadata_for_build_wheel(sys.argv[1]))')
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE='1')
+    res = subprocess.run([sys.executable, '-c', code, str(out)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    dist_info = res.stdout.strip().splitlines()[-1]
+    with open(osp.join(out, dist_info, 'METADATA'), encoding='utf-8') as f:
+        return email.message_from_string(f.read())
+
+
+def _requirements(metadata):
+    return [Requirement(r) for r in metadata.get_all('Requires-Dist') or []]
+
+
+def _extra_of(req):
+    """The extra a requirement belongs to ('' for an install requirement)."""
+    if req.marker is None:
+        return ''
+    found = re.search(r'extra\s*==\s*"([^"]+)"', str(req.marker))
+    return found.group(1) if found else ''
+
+
+def _pins():
+    pins = {}
+    with open(osp.join(REPO, 'requirements/pinned.txt'), encoding='utf-8') as f:
+        for line in f:
+            line = line.split('#')[0].strip()
+            if '==' in line:
+                name, version = line.split('==')
+                pins[name.strip().lower()] = Version(version.strip())
+    return pins
+
+
+def test_mmcv_and_the_codebases_are_not_install_requirements(metadata):
+    plain = {r.name.lower() for r in _requirements(metadata) if not _extra_of(r)}
+    assert {'torch', 'mmengine', 'timm'} <= plain
+    assert not plain & {'mmcv', 'mmcv-full', 'mmcv-lite', 'mmdet', 'mmsegmentation'}, plain
+
+
+def test_extras_det_seg_all_and_mim(metadata):
+    by_extra = {}
+    for r in _requirements(metadata):
+        by_extra.setdefault(_extra_of(r), set()).add(r.name.lower())
+    assert set(metadata.get_all('Provides-Extra')) >= {'det', 'seg', 'all', 'mim'}
+    assert 'mmdet' in by_extra['det'] and 'mmsegmentation' in by_extra['seg']
+    assert by_extra['det'] | by_extra['seg'] <= by_extra['all']
+    assert by_extra['mim'] == {'mmcv'}
+
+
+def test_the_pinned_stack_satisfies_every_declared_range(metadata):
+    pins = _pins()
+    reqs = _requirements(metadata)
+    with open(osp.join(REPO, 'requirements/mminstall.txt'), encoding='utf-8') as f:
+        reqs += [Requirement(line.strip()) for line in f
+                 if line.strip() and not line.startswith('#')]
+    checked = set()
+    for r in reqs:
+        name = r.name.lower()
+        if name in pins:
+            assert r.specifier.contains(pins[name], prereleases=True), \
+                f'{r} does not admit the pinned {name}=={pins[name]}'
+            checked.add(name)
+    assert {'mmcv', 'mmengine', 'mmdet', 'mmsegmentation', 'torch', 'timm'} <= checked
+
+
+def test_licence_and_citation_agree_with_the_package(metadata):
+    from mmplugin_inline import __version__
+    with open(osp.join(REPO, 'LICENSE'), encoding='utf-8') as f:
+        licence = f.read()
+    assert 'Apache License' in licence and 'Version 2.0, January 2004' in licence
+    assert metadata['License'] == 'Apache-2.0'
+    with open(osp.join(REPO, 'CITATION.cff'), encoding='utf-8') as f:
+        cff = yaml.safe_load(f)
+    assert cff['cff-version'] == '1.2.0' and cff['license'] == 'Apache-2.0'
+    assert str(cff['version']) == __version__ == metadata['Version']
+    paper = cff['preferred-citation']
+    with open(osp.join(REPO, 'README.md'), encoding='utf-8') as f:
+        bibtex = re.search(r'```bibtex\n(.*?)```', f.read(), re.S).group(1)
+    title = re.search(r'title\s*=\s*\{(.*?)\}', bibtex).group(1)
+    assert title == paper['title']
+    assert re.search(r'year\s*=\s*\{(\d+)\}', bibtex).group(1) == str(paper['year'])
+    authors = re.search(r'author\s*=\s*\{(.*?)\}', bibtex, re.S).group(1)
+    names = [' '.join(a.split()) for a in authors.split(' and ')]
+    assert names == [f"{a['family-names']}, {a['given-names']}" for a in paper['authors']]
+
+
+def test_no_package_module_imports_an_extra_at_import_time():
+    """The backbones work without mmdet / mmseg: only registry.py looks for them, lazily."""
+    offenders = []
+    for path in glob.glob(osp.join(REPO, 'mmplugin_inline', '**', '*.py'), recursive=True):
+        with open(path, encoding='utf-8') as f:
+            for line in f:
+                if re.match(r'(from|import)\s+(mmdet|mmseg)\b', line):
+                    offenders.append(f'{osp.relpath(path, REPO)}: {line.strip()}')
+    assert not offenders, offenders
