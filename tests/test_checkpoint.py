@@ -128,3 +128,25 @@ def test_converter_cli_reads_files_with_python_objects_as_data(tmp_path):
     assert res.returncode == 0, res.stderr
     assert 'ignored (not weights): x (test_checkpoint._Payload)' in res.stdout
     assert (tmp_path / 'o.pth').exists()
+
+
+def test_relative_position_tables_are_resampled_bicubically_to_another_window(tmp_path):
+    """A released window-7 table (13 x 13 per head) into ``window_size=12`` (23 x 23)."""
+    import torch.nn.functional as F
+    fixture = load_fixture('swin')
+    path = tmp_path / 'swin.pth'
+    torch.save(fixture['checkpoint'], path)
+    cfg = backbone_cfg('swin', fixture['arch'], window_size=12)
+    cfg['init_cfg'] = dict(type='Pretrained', checkpoint=str(path))
+    model = MODELS.build(cfg)
+    model.init_weights()
+    released = fixture['checkpoint']['model']
+    own = model.state_dict()
+    tables = [k for k in released if k.endswith('relative_position_bias_table')]
+    assert tables
+    for key in tables:
+        heads = released[key].shape[1]
+        grid = released[key].t().reshape(1, heads, 13, 13)       # [heads, dy, dx] as an image
+        expected = F.interpolate(grid, size=(23, 23), mode='bicubic', align_corners=False)
+        assert own[key].shape == (23 * 23, heads)
+        torch.testing.assert_close(own[key], expected.reshape(heads, -1).t(), rtol=0, atol=1e-6)

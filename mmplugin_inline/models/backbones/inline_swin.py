@@ -3,7 +3,7 @@ from typing import Dict, Tuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
+from timm.layers import resize_rel_pos_bias_table_simple
 
 from mmplugin_inline.models.layers import (GlobalAttention, PatchEmbed, PatchMerging,
                                            TransformerBlock, WindowAttention, run_blocks)
@@ -123,10 +123,9 @@ class InLineSwinTransformer(InLineBackbone):
         for key, value in list(sd.items()):
             if key.endswith('relative_position_bias_table') and key in own \
                     and own[key].shape != value.shape:
-                src, dst = int(round(value.shape[0] ** 0.5)), int(round(own[key].shape[0] ** 0.5))
-                table = value.t().reshape(1, -1, src, src)
-                table = F.interpolate(table, size=(dst, dst), mode='bicubic', align_corners=False)
-                sd[key] = table.reshape(-1, dst * dst).t()
+                # timm's bicubic resampling of a flat [(2w-1)^2, heads] table
+                sd[key] = resize_rel_pos_bias_table_simple(
+                    value, (self.window_size, self.window_size), tuple(own[key].shape))
         return sd
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
