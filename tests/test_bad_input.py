@@ -93,10 +93,6 @@ def test_memory_layout_of_the_input_does_not_change_the_output(tiny, name, layou
 
 # ------------------------------------------------------------------ inputs that must fail
 
-def image(**kw):
-    return lambda: torch.randn(1, 3, 32, 32, **kw)
-
-
 FORWARD_ERRORS = {
     # row: (input, error type, words the message must hold: the problem, what to change)
     'wrong_channel_count': (lambda: torch.randn(1, 4, 32, 32), ValueError,
@@ -109,6 +105,10 @@ FORWARD_ERRORS = {
                     ['empty input', 'no images', 'skip empty batches']),
     'no_batch_dimension': (lambda: torch.randn(3, 32, 32), ValueError,
                            ['4-D batch', 'x[None]']),
+    'image_without_pixels': (lambda: torch.randn(1, 3, 0, 32), ValueError,
+                             ['empty input', 'no pixels', 'resizing / cropping']),
+    'list_of_images': (lambda: [torch.randn(3, 32, 32)], TypeError,
+                       ['got list', 'stack the images']),
 }
 
 
@@ -183,8 +183,8 @@ CONFIG_ERRORS = {
                                   ["use ['X']", "'I' (InLine), 'S' (softmax)"]),
     'unknown_kernel': (lambda n: dict(kernel='gelu'),
                        ["unknown attention kernel 'gelu'", 'set kernel=', "'identity'"]),
-    'heads_not_dividing_width': (_heads_not_dividing,
-                                 ['num_heads=3 must divide the width', 'set num_heads', 'one of [']),
+    'heads_not_dividing_width': (_heads_not_dividing, ['num_heads=3 must divide the width',
+                                                       'set num_heads', 'one of [']),
     'out_indices_out_of_range': (lambda n: dict(out_indices=(0, 13)),
                                  ['out_indices (0, 13) out of range', 'use indices 0 to']),
     'frozen_stages_too_large': (lambda n: dict(frozen_stages=13),
