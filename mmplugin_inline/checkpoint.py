@@ -149,7 +149,7 @@ def _fix_for(family: str, guess: Optional[str]) -> str:
     if guess and guess != family:
         return f"build {guess} (type='{guess}') for this file, or give {family} weights{own}"
     presets = sorted(cls.arch_settings) if cls is not None else []
-    return (f'set arch to the preset the file was made for' +
+    return ('set arch to the preset the file was made for' +
             (f' (one of {presets})' if presets else '') +
             f', or give the weights of this arch{own}')
 
