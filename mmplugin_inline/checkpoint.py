@@ -119,6 +119,41 @@ def convert_state_dict(sd: Dict[str, torch.Tensor], family: str) -> Dict[str, to
     return out
 
 
+def _list_lengths(keys) -> Dict[str, set]:
+    """``{module list: indices}`` over ``keys``: ``block1.2.attn.q.weight`` gives index 2
+    of ``block1``, ``layers.2.blocks.5.mlp...`` index 2 of ``layers`` and 5 of
+    ``layers.2.blocks``."""
+    lists: Dict[str, set] = {}
+    for key in keys:
+        parts = key.split('.')
+        for i, part in enumerate(parts[1:], 1):
+            if part.isdigit():
+                lists.setdefault('.'.join(parts[:i]), set()).add(int(part))
+    return lists
+
+
+def depth_differences(own_keys, checkpoint_keys) -> List[str]:
+    """Module lists (blocks, stages, branches) that have another length in the
+    checkpoint than in the model, as ``'block1: 3 in the checkpoint, 2 in the model'``."""
+    own, theirs = _list_lengths(own_keys), _list_lengths(checkpoint_keys)
+    return [f'{name}: {len(theirs[name])} in the checkpoint, {len(own[name])} in the model'
+            for name in own if name in theirs and own[name] != theirs[name]]
+
+
+def _fix_for(family: str, guess: Optional[str]) -> str:
+    """What to change when a checkpoint does not fit ``family`` (``guess``: the family the
+    file looks like, if another)."""
+    cls = _families().get(family)
+    files = sorted(cls.released_files()) if cls is not None else []
+    own = f'; the released {family} files are {", ".join(files)}' if files else ''
+    if guess and guess != family:
+        return f"build {guess} (type='{guess}') for this file, or give {family} weights{own}"
+    presets = sorted(cls.arch_settings) if cls is not None else []
+    return ('set arch to the preset the file was made for' +
+            (f' (one of {presets})' if presets else '') +
+            f', or give the weights of this arch{own}')
+
+
 def load_pretrained(model: torch.nn.Module, path: str, family: str, allow_unsafe: bool = False,
                     logger: Optional[logging.Logger] = None,
                     min_match: float = 0.5) -> Tuple[list, list, list]:
@@ -132,8 +167,11 @@ def load_pretrained(model: torch.nn.Module, path: str, family: str, allow_unsafe
         tuple: ``(missing, unexpected, mismatched)`` key lists.
 
     Raises:
-        RuntimeError: when less than ``min_match`` of the model's parameters matched,
-            naming the family the checkpoint looks like.
+        RuntimeError: when the checkpoint is for another family or size: less than
+            ``min_match`` of the model's parameters matched, or a list of blocks (or
+            stages) has another length than the model's (e.g. InLine-PVT-S weights, 3
+            blocks in stage 1, into InLine-PVT-T, 2 blocks). The message names the
+            family the file looks like and what to change.
     """
     from mmengine.logging import print_log
     raw, ignored = split_checkpoint(load_weights(path, allow_unsafe=allow_unsafe))
@@ -150,14 +188,23 @@ def load_pretrained(model: torch.nn.Module, path: str, family: str, allow_unsafe
     report = (f'{family}: loaded {len(loadable)} / {len(sd)} checkpoint entries from {path}; '
               f'{matched_params} / {n_params} model parameters matched, {len(missing)} missing, '
               f'{len(unexpected)} unexpected, {len(mismatched)} with another shape')
-    if matched_params < min_match * n_params:
+    depths = depth_differences(own, sd)
+    if matched_params < min_match * n_params or depths:
         guess = detect_family(sd)
-        cause = (f'the file looks like an {guess} checkpoint' if guess and guess != family else
-                 'the checkpoint is probably for another arch / size (e.g. small weights into '
-                 'a tiny model) or another model altogether')
-        raise RuntimeError(f'{report}. Almost nothing matched: {cause}. Examples: missing '
+        shapes = [f'{k} {list(sd[k].shape)} in the file, {list(own[k].shape)} in the model'
+                  for k in mismatched[:2]]
+        if guess and guess != family:
+            cause = f'the file looks like an {guess} checkpoint'
+        elif depths or shapes:
+            cause = ('the checkpoint is for another arch / size: ' +
+                     '; '.join(depths[:3] + shapes))
+        else:
+            cause = ('the checkpoint is probably for another arch / size (e.g. small weights '
+                     'into a tiny model) or another model altogether')
+        raise RuntimeError(f'{family}: {path} does not fit this model: {cause}. To fix: '
+                           f'{_fix_for(family, guess)}. [{report}. Examples: missing '
                            f'{missing[:3]}, unexpected {unexpected[:3]}, other shape '
-                           f'{mismatched[:3]}')
+                           f'{mismatched[:3]}]')
     model.load_state_dict(loadable, strict=False)
     print_log(report, logger=logger or 'current')
     if ignored:

@@ -31,5 +31,5 @@ def get_feature_map(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     try:
         return FEATURE_MAPS[name]
     except KeyError:
-        raise ValueError(f'unknown attention kernel {name!r}; expected one of '
-                         f'{sorted(FEATURE_MAPS)}') from None
+        raise ValueError(f'unknown attention kernel {name!r}: set kernel= (a backbone option) '
+                         f'to one of {sorted(FEATURE_MAPS)}') from None

@@ -3,8 +3,12 @@
 ``tools/train.py`` and ``tools/test.py`` call :func:`preflight` after the config is
 final. A missing dataset, pretrained checkpoint or checkpoint to resume from is reported
 as one message -- what is missing, where it was looked for, how to get it -- instead of
-a stack trace from deep inside a dataset class or ``torch.load``.
+a stack trace from deep inside a dataset class or ``torch.load``. A COCO-style
+annotation file that lists images missing from the image folder is reported too, naming
+them (one directory listing per folder, and the json read only up to its ``images``).
 """
+import json
+import os
 import os.path as osp
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
@@ -95,9 +99,106 @@ def _missing_paths(dataset: dict) -> List[str]:
             if not (osp.isfile(path) if is_file else osp.isdir(path))]
 
 
+def json_top_level_value(path: str, key: str, chunk: int = 1 << 20):
+    """The value of ``key`` in the JSON object stored in ``path``, reading the file only
+    up to the end of that value (COCO files list their ``images`` before the large
+    ``annotations``); None when the key is absent or the file is not such a JSON object
+    (the dataset's own loader then reports it)."""
+    decoder = json.JSONDecoder()
+    with open(path, encoding='utf-8') as f:
+        buf, eof = '', False
+
+        def more() -> bool:
+            nonlocal buf, eof
+            data = f.read(max(chunk, len(buf)))  # doubling: each value is parsed <= 2x
+            eof = not data
+            buf += data
+            return not eof
+
+        def skip_space(pos: int) -> int:
+            while True:
+                while pos < len(buf) and buf[pos].isspace():
+                    pos += 1
+                if pos < len(buf) or not more():
+                    return pos
+
+        def value(pos: int):
+            while True:  # a value that ends at the end of the buffer may continue after it
+                try:
+                    item, end = decoder.raw_decode(buf, pos)
+                    if end < len(buf) or eof:
+                        return item, end
+                except json.JSONDecodeError:
+                    if eof:
+                        raise
+                more()
+
+        try:
+            pos = skip_space(0)
+            if buf[pos:pos + 1] != '{':
+                return None
+            pos = skip_space(pos + 1)
+            while buf[pos:pos + 1] == '"':
+                name, pos = value(pos)
+                pos = skip_space(pos)
+                if buf[pos:pos + 1] != ':':
+                    return None
+                item, pos = value(skip_space(pos + 1))
+                if name == key:
+                    return item
+                buf, pos = buf[pos:], 0  # keep only what is not parsed yet
+                pos = skip_space(pos)
+                if buf[pos:pos + 1] != ',':
+                    return None
+                pos = skip_space(pos + 1)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None
+    return None
+
+
+def missing_images(dataset: dict) -> Optional[str]:
+    """A paragraph when the COCO-style annotation file of ``dataset`` (a json with
+    ``images[].file_name``, read as mmdet's CocoDataset does: under ``data_prefix.img``)
+    lists images that are not there, naming them; None otherwise. One directory listing
+    per folder of images, however many images the file lists."""
+    root = dataset.get('data_root') or ''
+    ann_file, prefix = dataset.get('ann_file') or '', dataset.get('data_prefix') or {}
+    if not isinstance(prefix, dict) or 'img' not in prefix or _is_remote(root) \
+            or _is_remote(prefix['img']) or not str(ann_file).endswith('.json'):
+        return None
+    ann_path, img_dir = _join(root, ann_file), _join(root, prefix['img'])
+    if not osp.isfile(ann_path) or not osp.isdir(img_dir):
+        return None
+    images = json_top_level_value(ann_path, 'images')
+    if not isinstance(images, list):
+        return None
+    names = [im['file_name'] for im in images if isinstance(im, dict)
+             and isinstance(im.get('file_name'), str)]
+    listings = {}
+    missing = []
+    for name in names:
+        folder, base = osp.split(name)
+        if folder not in listings:
+            try:
+                listings[folder] = set(os.listdir(osp.join(img_dir, folder)))
+            except OSError:
+                listings[folder] = set()
+        if base not in listings[folder]:
+            missing.append(name)
+    if not missing:
+        return None
+    shown = ', '.join(missing[:5]) + (f' and {len(missing) - 5} more' if len(missing) > 5 else '')
+    return (f'The annotation file {ann_path} lists {len(missing)} of its {len(names)} images '
+            f'that are not in {img_dir} ({osp.abspath(img_dir)}): {shown}. Put the missing '
+            'images there (an incomplete download or unzip?), point data_prefix.img at the '
+            'folder that holds them, or remove their entries from the annotation file.')
+
+
 def dataset_problems(cfg, dataloaders: Iterable[str]) -> List[str]:
-    """One paragraph per missing dataset of ``dataloaders`` (shared ones named once)."""
+    """One paragraph per missing dataset of ``dataloaders`` (shared ones named once), and
+    one per annotation file listing missing images (:func:`missing_images`)."""
     found = {}  # (dataset type, missing paths, data_root) -> dataloaders
+    images = {}  # paragraph on missing images -> dataloaders
     for loader_key in dataloaders:
         loader = cfg.get(loader_key)
         if not loader:
@@ -108,6 +209,10 @@ def dataset_problems(cfg, dataloaders: Iterable[str]) -> List[str]:
                 key = (dataset.get('type', 'dataset'), tuple(missing),
                        dataset.get('data_root') or '')
                 found.setdefault(key, []).append(loader_key)
+                continue
+            problem = missing_images(dataset)
+            if problem:
+                images.setdefault(problem, []).append(loader_key)
     problems = []
     for (kind, missing, root), loaders in found.items():
         hint = DATASET_HINTS.get(kind, 'See the mmdetection / mmsegmentation dataset '
@@ -118,6 +223,8 @@ def dataset_problems(cfg, dataloaders: Iterable[str]) -> List[str]:
             f'The {kind} data of {" and ".join(loaders)} is missing: ' + '; '.join(missing) +
             f' not found. How to get it: {hint} If you have it elsewhere, {elsewhere}. '
             f'{SYNTHETIC_HINT}')
+    problems += [f'The data of {" and ".join(loaders)}: {problem}'
+                 for problem, loaders in images.items()]
     return problems
 
 

@@ -3,6 +3,7 @@ family declares, and the list of registered families."""
 import copy
 from typing import Dict, List, Optional, Sequence, Tuple
 
+import torch
 import torch.nn as nn
 from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
@@ -47,8 +48,9 @@ def normalize_out_indices(out_indices, num_outputs: int, family: str):
     for i in out_indices:
         j = i + num_outputs if i < 0 else i
         if not 0 <= j < num_outputs:
-            raise ValueError(f'{family}: out_indices {tuple(out_indices)} out of range for '
-                             f'{num_outputs} outputs')
+            raise ValueError(f'{family}: out_indices {tuple(out_indices)} out of range: this '
+                             f'model has {num_outputs} outputs; use indices 0 to '
+                             f'{num_outputs - 1} (or -{num_outputs} to -1)')
         result.append(j)
     return tuple(sorted(set(result)))
 
@@ -75,6 +77,11 @@ class InLineBackbone(BaseModule):
     keeps BatchNorm layers (if any are configured) in eval mode during training.
     ``init_cfg=dict(type='Pretrained', checkpoint=PATH)`` loads the authors' released
     classification checkpoint (see :mod:`mmplugin_inline.checkpoint`).
+
+    ``forward`` starts with :meth:`_check_input` (a float ``[B, in_channels, H, W]``
+    batch, not empty). ``check_finite=True`` (off by default: it reads every value)
+    also stops at the first NaN / Inf, naming where it appeared: the input, the stem
+    or stage k (:meth:`_check_finite`, called after the stem and each stage).
     """
 
     is_backbone_family = True  # listed by mmplugin_inline.registry.registered_families
@@ -86,9 +93,10 @@ class InLineBackbone(BaseModule):
     checkpoint_renames: Tuple[Tuple[str, str], ...] = ()
 
     def __init__(self, frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
-                 init_cfg=None):
+                 init_cfg=None, in_channels: int = 3, check_finite: bool = False):
         super().__init__(init_cfg=init_cfg)
         self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
+        self.in_channels, self.check_finite = in_channels, check_finite
 
     @classmethod
     def released_files(cls) -> Dict[str, Tuple[str, str]]:
@@ -141,11 +149,67 @@ class InLineBackbone(BaseModule):
         """[stem modules, stage-1 modules, ...]; parameters count as modules here."""
         raise NotImplementedError
 
+    def _check_input(self, x) -> None:
+        """Called first in ``forward``: ``x`` must be a non-empty float batch
+        ``[B, in_channels, H, W]``; with ``check_finite``, also free of NaN / Inf.
+
+        The shape and dtype checks read only metadata; the finiteness check reads every
+        value, so it runs only when the backbone was built with ``check_finite=True``.
+        """
+        name = type(self).__name__
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f'{name} takes a tensor [B, {self.in_channels}, H, W], got '
+                            f'{type(x).__name__}: stack the images into one float tensor (the '
+                            "model's data preprocessor does this)")
+        if x.dim() != 4:
+            raise ValueError(f'{name} takes a 4-D batch [B, {self.in_channels}, H, W], got shape '
+                             f'{tuple(x.shape)}' + (': add the batch dimension (x[None])'
+                                                    if x.dim() == 3 else ''))
+        if x.shape[1] != self.in_channels:
+            raise ValueError(f'{name} was built with in_channels={self.in_channels} (input '
+                             f'[B, {self.in_channels}, H, W]) but the input has {x.shape[1]} '
+                             f'channels (shape {tuple(x.shape)}): set '
+                             f'in_channels={x.shape[1]} in the backbone config, or give '
+                             f'{self.in_channels}-channel images')
+        if not x.is_floating_point():
+            raise TypeError(f'{name} takes floating-point images, got a {x.dtype} tensor: convert '
+                            'it (x.float(), normalised as in training), or let the model\'s data '
+                            'preprocessor (DetDataPreprocessor / SegDataPreprocessor) do it')
+        if x.numel() == 0:
+            raise ValueError(f'{name} got an empty input of shape {tuple(x.shape)}: '
+                             + ('the batch holds no images; skip empty batches or check the data '
+                                'loader (e.g. all images filtered out)' if x.shape[0] == 0 else
+                                'an image with no pixels; check the resizing / cropping'))
+        self._check_finite(x, -1)
+
+    def _check_finite(self, x: torch.Tensor, stage: int, unit: str = 'stage') -> None:
+        """With ``check_finite``: raise when ``x`` holds NaN / Inf, naming where they first
+        appeared (``stage`` -1: the input, 0: the stem / patch embedding, k: ``unit`` k).
+        Families call it after the stem and after each stage; off, it costs nothing."""
+        if not self.check_finite or torch.isfinite(x).all():
+            return
+        nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
+        counts = f'{nan} NaN and {inf} Inf of {x.numel()} values'
+        name = type(self).__name__
+        if stage < 0:
+            raise FloatingPointError(
+                f'{name} (check_finite=True): the input holds non-finite values ({counts}): '
+                'check the images and the data pipeline (e.g. a normalisation std of 0, or a '
+                'corrupt image file)')
+        where = 'the stem (patch embedding)' if stage == 0 else f'{unit} {stage}'
+        before = 'the input was' if stage == 0 else 'the input and the earlier layers were'
+        raise FloatingPointError(
+            f'{name} (check_finite=True): non-finite values first appear in {where} ({counts}); '
+            f'{before} finite. Usual causes: weights that diverged (lower the learning rate, '
+            'clip gradients, check the loaded checkpoint) or fp16 overflow (train in fp32 or '
+            'bf16)')
+
     def _freeze_stages(self) -> None:
         groups = self.stage_modules()
-        if self.frozen_stages >= len(groups):
-            raise ValueError(f'{type(self).__name__}: frozen_stages={self.frozen_stages} but '
-                             f'there are only {len(groups) - 1} stages')
+        if not -1 <= self.frozen_stages < len(groups):
+            raise ValueError(f'{type(self).__name__}: frozen_stages={self.frozen_stages} is out '
+                             f'of range: -1 freezes nothing, 0 the stem, k the stem and the first '
+                             f'k of the {len(groups) - 1} stages; use -1 to {len(groups) - 1}')
         for group in groups[:self.frozen_stages + 1]:
             for m in group:
                 if isinstance(m, nn.Parameter):

@@ -58,7 +58,8 @@ class InLineCSWinTransformer(InLineBackbone):
         drop_path_rate (float): Default: 0.2.
         out_indices (Sequence[int]): Default: (0, 1, 2, 3).
         out_norm (bool): LayerNorm on each output. Default: True.
-        frozen_stages, norm_eval, with_cp, init_cfg: see :class:`InLineBackbone`.
+        frozen_stages, norm_eval, with_cp, init_cfg, check_finite: see
+            :class:`InLineBackbone`.
         norm_cfg (dict): Default: ``dict(type='LN')``.
 
     Outputs: tuple of NCHW maps with ``embed_dim * 2**i`` channels at stride ``4 * 2**i``.
@@ -91,8 +92,9 @@ class InLineCSWinTransformer(InLineBackbone):
                  split_size=(1, 2, 7, 7), mlp_ratio=4.0, qkv_bias=True, drop_rate=0.0,
                  drop_path_rate=0.2, out_indices=(0, 1, 2, 3), out_norm=True, frozen_stages=-1,
                  norm_eval=False, with_cp=False, norm_cfg=dict(type='LN'),
-                 act_cfg=dict(type='GELU'), init_cfg=None):
-        super().__init__(frozen_stages, norm_eval, with_cp, init_cfg)
+                 act_cfg=dict(type='GELU'), init_cfg=None, check_finite=False):
+        super().__init__(frozen_stages, norm_eval, with_cp, init_cfg, in_channels,
+                         check_finite)
         cfg = resolve_arch(arch, self.arch_settings, 'InLineCSWinTransformer',
                            ('embed_dim', 'depths', 'num_heads'))
         depths = cfg['depths']
@@ -125,12 +127,15 @@ class InLineCSWinTransformer(InLineBackbone):
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: [B, C_in, H, W] -> tuple of NCHW maps (see class docstring)."""
+        self._check_input(x)
         x, hw = self.stage1_conv_embed(x)
+        self._check_finite(x, 0)
         outs = []
         for i in range(max(self.out_indices) + 1):
             if i > 0:
                 x, hw = getattr(self, f'merge{i}')(x, hw)
             x = run_blocks(getattr(self, f'stage{i + 1}'), x, hw, self.with_cp)
+            self._check_finite(x, i + 1)
             if i in self.out_indices:
                 outs.append(self._output(i, x, hw))
         return tuple(outs)

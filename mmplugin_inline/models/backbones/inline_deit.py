@@ -46,7 +46,8 @@ class InLineDeiT(InLineBackbone):
             logged. Default: False.
         frozen_stages (int): 0 freezes the patch embedding, cls token and position
             embedding; k also the first k blocks. Default: -1.
-        norm_eval, with_cp, init_cfg: see :class:`InLineBackbone`.
+        norm_eval, with_cp, init_cfg, check_finite: see :class:`InLineBackbone`
+            (``check_finite`` counts blocks: block k is ``blocks[k - 1]``).
         norm_cfg (dict): Default: ``dict(type='LN', eps=1e-6)``.
     """
     arch_settings = {
@@ -75,8 +76,10 @@ class InLineDeiT(InLineBackbone):
                  kernel='identity', mlp_ratio=4.0, qkv_bias=True, drop_rate=0.0,
                  drop_path_rate=0.1, out_indices=(3, 5, 7, 11), final_norm=False,
                  frozen_stages=-1, norm_eval=False, with_cp=False,
-                 norm_cfg=dict(type='LN', eps=1e-6), act_cfg=dict(type='GELU'), init_cfg=None):
-        super().__init__(frozen_stages, norm_eval, with_cp, init_cfg)
+                 norm_cfg=dict(type='LN', eps=1e-6), act_cfg=dict(type='GELU'), init_cfg=None,
+                 check_finite=False):
+        super().__init__(frozen_stages, norm_eval, with_cp, init_cfg, in_channels,
+                         check_finite)
         cfg = resolve_arch(arch, self.arch_settings, 'InLineDeiT',
                            ('embed_dim', 'depth', 'num_heads'))
         dim, depth = cfg['embed_dim'], cfg['depth']
@@ -132,13 +135,16 @@ class InLineDeiT(InLineBackbone):
 
     def forward_tokens(self, x: torch.Tensor):
         """Run the model; return ([B, 1 + N, C] after each out block, grid (H', W'), final)."""
+        self._check_input(x)
         x, hw = self.patch_embed(x)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         x = self.pos_drop(x + resize_pos_embed(self.pos_embed, self.grid, hw, num_prefix=1,
                                                mode='bicubic'))
+        self._check_finite(x, 0)
         outs = []
         for j in range(max(self.out_indices) + 1):
             x = run_blocks(self.blocks[j:j + 1], x, hw, self.with_cp)
+            self._check_finite(x, j + 1, 'block')
             if j in self.out_indices:
                 outs.append(x)
         return outs, hw, x

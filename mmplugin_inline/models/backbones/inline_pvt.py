@@ -49,6 +49,8 @@ class InLinePVT(InLineBackbone):
         with_cp (bool): gradient checkpointing per block. Default: False.
         norm_cfg (dict): block norms. Default: ``dict(type='LN', eps=1e-6)``.
         init_cfg (dict, optional): e.g. ``dict(type='Pretrained', checkpoint=PATH)``.
+        check_finite (bool): stop at the first NaN / Inf (see :class:`InLineBackbone`).
+            Default: False.
 
     Outputs: a tuple of NCHW maps, stage i with ``embed_dims[i]`` channels at stride
     ``4 * 2**i`` (size ``ceil``-divided; any input size).
@@ -81,8 +83,9 @@ class InLinePVT(InLineBackbone):
                  pretrain_img_size=224, qkv_bias=True, drop_rate=0.0, drop_path_rate=0.1,
                  out_indices=(0, 1, 2, 3), out_norm=True, frozen_stages=-1, norm_eval=False,
                  with_cp=False, norm_cfg=dict(type='LN', eps=1e-6), act_cfg=dict(type='GELU'),
-                 init_cfg=None):
-        super().__init__(frozen_stages, norm_eval, with_cp, init_cfg)
+                 init_cfg=None, check_finite=False):
+        super().__init__(frozen_stages, norm_eval, with_cp, init_cfg, in_channels,
+                         check_finite)
         cfg = resolve_arch(arch, self.arch_settings, 'InLinePVT',
                            ('embed_dims', 'num_heads', 'mlp_ratios', 'depths'))
         sr_ratios = cfg.get('sr_ratios', _COMMON['sr_ratios'])
@@ -126,12 +129,16 @@ class InLinePVT(InLineBackbone):
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: [B, C_in, H, W] -> tuple of [B, embed_dims[i], ~H/4/2**i, ~W/4/2**i]."""
+        self._check_input(x)
         outs = []
         for i in range(max(self.out_indices) + 1):  # later stages would be unused
             x, hw = getattr(self, f'patch_embed{i + 1}')(x)
+            if i == 0:
+                self._check_finite(x, 0)
             pos = resize_pos_embed(getattr(self, f'pos_embed{i + 1}'), self.grid_sizes[i], hw)
             x = run_blocks(getattr(self, f'block{i + 1}'), self.pos_drop(x + pos), hw,
                            self.with_cp)
+            self._check_finite(x, i + 1)
             if i in self.out_indices:
                 outs.append(self._output(i, x, hw))
             x = nlc_to_nchw(x, hw)

@@ -46,7 +46,8 @@ class InLineSwinTransformer(InLineBackbone):
         out_indices (Sequence[int]): Default: (0, 1, 2, 3).
         out_norm (bool): LayerNorm on each output (the final norm of a released
             checkpoint initialises the last). Default: True.
-        frozen_stages, norm_eval, with_cp, init_cfg: see :class:`InLineBackbone`.
+        frozen_stages, norm_eval, with_cp, init_cfg, check_finite: see
+            :class:`InLineBackbone`.
         norm_cfg (dict): Default: ``dict(type='LN')``.
 
     Outputs: tuple of NCHW maps with ``embed_dim * 2**i`` channels at stride ``4 * 2**i``.
@@ -80,8 +81,9 @@ class InLineSwinTransformer(InLineBackbone):
                  inline_window=None, mlp_ratio=4.0, qkv_bias=True, drop_rate=0.0,
                  drop_path_rate=0.2, out_indices=(0, 1, 2, 3), out_norm=True, frozen_stages=-1,
                  norm_eval=False, with_cp=False, norm_cfg=dict(type='LN'),
-                 act_cfg=dict(type='GELU'), init_cfg=None):
-        super().__init__(frozen_stages, norm_eval, with_cp, init_cfg)
+                 act_cfg=dict(type='GELU'), init_cfg=None, check_finite=False):
+        super().__init__(frozen_stages, norm_eval, with_cp, init_cfg, in_channels,
+                         check_finite)
         cfg = resolve_arch(arch, self.arch_settings, 'InLineSwinTransformer',
                            ('embed_dim', 'depths', 'num_heads'))
         depths = cfg['depths']
@@ -130,12 +132,15 @@ class InLineSwinTransformer(InLineBackbone):
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: [B, C_in, H, W] -> tuple of NCHW maps (see class docstring)."""
+        self._check_input(x)
         x, hw = self.patch_embed(x)
+        self._check_finite(x, 0)
         x = self.pos_drop(x)
         outs = []
         for i in range(max(self.out_indices) + 1):
             layer = self.layers[i]
             x = run_blocks(layer.blocks, x, hw, self.with_cp)
+            self._check_finite(x, i + 1)
             if i in self.out_indices:
                 outs.append(self._output(i, x, hw))
             if i < self.num_stages - 1:

@@ -17,8 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmplugin_inline.core import (inline_attention, local_residual, nchw_to_nlc, nlc_to_nchw,
-                                  pad_to_multiple)
+from mmplugin_inline.core import (get_feature_map, inline_attention, local_residual, nchw_to_nlc,
+                                  nlc_to_nchw, pad_to_multiple)
 
 #: block-type letter -> the attention it selects (``block_types`` strings, ``attn_type``)
 ATTN_TYPES = {'I': 'InLine', 'S': 'softmax'}
@@ -55,7 +55,10 @@ def check_attn_type(attn_type: str) -> None:
 def check_heads(dim: int, num_heads: int) -> None:
     """Raise a clear error when ``num_heads`` does not divide ``dim``."""
     if num_heads < 1 or dim % num_heads:
-        raise ValueError(f'num_heads={num_heads} must divide the width {dim}')
+        divisors = [n for n in range(1, dim + 1) if dim % n == 0]
+        raise ValueError(f'num_heads={num_heads} must divide the width {dim} (each head '
+                         f'gets width / num_heads channels): set num_heads in the arch to one '
+                         f'of {divisors}, or change the width')
 
 
 class ResidualKernelPredictor(nn.Sequential):
@@ -92,6 +95,7 @@ class MultiHeadAttentionBase(nn.Module):
         super().__init__()
         check_attn_type(attn_type)
         check_heads(dim, num_heads)
+        get_feature_map(kernel)  # an unknown kernel name fails here, when the model is built
         self.dim, self.num_heads, self.attn_type, self.kernel = dim, num_heads, attn_type, kernel
         if attn_type == 'I':
             self.residual = ResidualKernelPredictor(dim, num_heads)
