@@ -15,7 +15,8 @@ config belongs to is its ``default_scope``, else the codebase whose registry has
 model type (``mmplugin_inline.utils.tool_setup``); the pictures are drawn by mmdet's
 ``DetInferencer`` (``DetLocalVisualizer``) or mmseg's ``MMSegInferencer``
 (``SegLocalVisualizer``) and written to ``OUT_DIR/vis/<image name>`` (mmseg also writes
-the predicted label maps to ``OUT_DIR/pred/``), ``--batch-size`` images at a time.
+the predicted label maps to ``OUT_DIR/pred/``), ``--batch-size`` images at a time
+(mmseg's data preprocessor batches only images of one size: an error says so).
 ``--print-result`` prints each prediction: mmdet's result dict (labels, scores, boxes),
 or for mmseg the fraction of the image given to each predicted class. ``--show`` opens
 a window per picture; without a display it says so and only writes the pictures.
@@ -127,6 +128,17 @@ def run_demo(inputs: str, config, out_dir: str = 'outputs', weights=None, device
         raise ValueError(f'--batch-size must be at least 1, got {batch_size}')
     cfg = load_config(config, cfg_options)
     codebase = codebase_of(cfg)
+    if codebase == 'mmseg' and batch_size > 1:
+        from PIL import Image
+        sizes = {}
+        for path in images:
+            with Image.open(path) as img:
+                sizes.setdefault(img.size, path)
+        if len(sizes) > 1:  # SegDataPreProcessor asserts one size per batch at test time
+            (w1, h1), (w2, h2) = list(sizes)[:2]
+            raise ValueError(f'mmseg batches only images of one size, and these differ '
+                             f'({w1}x{h1} {sizes[(w1, h1)]}, {w2}x{h2} {sizes[(w2, h2)]}): '
+                             'use --batch-size 1')
     if weights is None:
         print(RANDOM_WEIGHTS_WARNING)
     show = can_show(show, f'the pictures are written to {osp.join(out_dir, "vis")}')
