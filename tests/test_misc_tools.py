@@ -46,6 +46,25 @@ def run_configs(shapes, tmp_path_factory):
     return str(det), str(seg)
 
 
+# --------------------------------------------------------------------------- shared
+
+def test_each_tool_names_a_missing_or_foreign_config_and_a_missing_script(tmp_path, capsys):
+    neither = tmp_path / 'neither.py'
+    neither.write_text("default_scope = None\nmodel = dict(type='NoSuchModel')\n")
+    tools = {print_config.main: [], browse_dataset.main: ['--output-dir', 'o'],
+             confusion_matrix.main: ['preds.pkl', 'out']}
+    for main, rest in tools.items():
+        err = _failure(main, ['missing.py'] + rest, capsys)
+        assert 'Config file not found: missing.py' in err
+        err = _failure(main, [str(neither)] + rest, capsys)
+        assert 'Cannot tell whether the config is for mmdet or mmseg' in err
+    from mmplugin_inline.utils.tool_setup import codebase_script
+    with pytest.raises(SystemExit):
+        codebase_script('mmdet', 'misc/no_such_tool.py')
+    err = capsys.readouterr().err
+    assert 'does not ship tools/misc/no_such_tool.py' in err and '.mim' in err
+
+
 # --------------------------------------------------------------------------- print_config
 
 @pytest.mark.parametrize('config', [DET_CONFIG, SEG_CONFIG], ids=['mmdet', 'mmseg'])
@@ -244,37 +263,34 @@ def test_segmentation_confusion_matrix_of_known_label_maps(run_configs, shapes, 
 
 @pytest.mark.slow
 def test_train_log_curves_and_confusion_matrix_of_a_test_run(run_configs, shapes, tmp_path,
-                                                             headless):
-    """A real run: tools/train.py's json log read by analyze_logs, tools/test.py --out read
-    by confusion_matrix, all as subprocesses."""
+                                                             headless, capsys):
+    """A real run: the json log tools/train.py writes read by analyze_logs, the .pkl of
+    tools/test.py --out read by confusion_matrix (train and test as subprocesses)."""
     config, work = run_configs[0], str(tmp_path / 'work')
     rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/train.py'), config, '--work-dir', work])
     ok(rc, out)
-    [log] = glob.glob(osp.join(work, '*', 'vis_data', 'scalars.json'))
-    tool = osp.join(REPO, 'tools/analysis_tools/analyze_logs.py')
-    curves = str(tmp_path / 'curves.png')
-    rc, out, _ = run_tool([PYTHON, tool, 'plot_curve', log, '--keys', 'loss', 'coco/bbox_mAP',
-                           '--out', curves])
-    ok(rc, out)
-    assert 'metric is bbox_mAP' in out and cv2.imread(curves) is not None
-    rc, out, _ = run_tool([PYTHON, tool, 'cal_train_time', log, '--include-outliers'])
-    ok(rc, out)
-    train_times = [line['time'] for line in map(json.loads, open(log)) if 'lr' in line]
-    assert f'average iter time: {np.mean(train_times):.4f} s/iter' in out
-
     preds = str(tmp_path / 'preds.pkl')
     rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/test.py'), config,
                            osp.join(work, 'epoch_1.pth'), '--work-dir', str(tmp_path / 'test'),
                            '--out', preds])
     ok(rc, out)
-    rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/analysis_tools/confusion_matrix.py'),
-                           config, preds, str(tmp_path / 'cm'), '--score-thr', '0', '--show'])
-    ok(rc, out)
-    assert 'No display' in out and cv2.imread(str(tmp_path / 'cm' / 'confusion_matrix.png')) \
-        is not None
-    # the printed counts: each ground-truth object is matched or missed, so counted
-    rows = out.split('columns: prediction):')[1].strip().splitlines()[1:1 + len(SHAPES)]
+
+    [log] = glob.glob(osp.join(work, '*', 'vis_data', 'scalars.json'))
+    curves = str(tmp_path / 'curves.png')
+    log_dicts = analyze_logs.main(['plot_curve', log, '--keys', 'loss', 'coco/bbox_mAP',
+                                   '--out', curves])
+    assert 'metric is bbox_mAP' in capsys.readouterr().out and cv2.imread(curves) is not None
+    assert len(log_dicts[0][1]['bbox_mAP']) == 1  # mmdet's loader: by epoch, 1 validation
+    analyze_logs.main(['cal_train_time', log, '--include-outliers'])
+    with open(log) as f:
+        train_times = [line['time'] for line in map(json.loads, f) if 'lr' in line]
+    assert f'average iter time: {np.mean(train_times):.4f} s/iter' in capsys.readouterr().out
+
+    matrix = confusion_matrix.main([config, preds, str(tmp_path / 'cm'), '--score-thr', '0',
+                                    '--show'])
+    assert 'No display' in capsys.readouterr().out
+    assert cv2.imread(str(tmp_path / 'cm' / 'confusion_matrix.png')) is not None
+    # each ground-truth object is matched or missed, so counted in its row at least once
     per_class = np.bincount(np.concatenate([labels for _, labels in _gt_instances(shapes)]),
                             minlength=len(SHAPES))
-    for row, objects in zip(rows, per_class):
-        assert sum(int(v) for v in row.split()[1:]) >= objects, row
+    assert (matrix[:len(SHAPES)].sum(1) >= per_class).all() and matrix[-1, -1] == 0

@@ -2,10 +2,14 @@
 command-line options and the failure messages.
 
 Used by ``tools/train.py``, ``tools/test.py``, ``tools/analysis_tools/get_flops.py``,
-``benchmark.py``, ``demo/image_demo.py`` and ``tools/misc/demo_report.py``, so that a
+``benchmark.py``, ``confusion_matrix.py``, ``analyze_logs.py``, ``demo/image_demo.py``,
+``tools/misc/demo_report.py``, ``print_config.py`` and ``browse_dataset.py``, so that a
 config is read, overridden (``--cfg-options``) and attributed to mmdet or mmseg the
 same way by all of them, and a missing file or an unusable config ends every tool
-with the same one-line message (status 1, no traceback).
+with the same one-line message (status 1, no traceback). ``codebase_script`` finds the
+scripts mmdet's and mmseg's wheels ship, for the tools that delegate to them, and
+``can_show`` keeps ``--show`` from waiting on a window that a headless machine cannot
+open.
 
 The ``add_*_options`` helpers add options to a parser the tool script made: mmdet
 keeps argparse in its ``tools/`` scripts, and so does this plugin (no parser is made or
