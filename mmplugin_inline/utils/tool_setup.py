@@ -208,6 +208,7 @@ def codebase_script(codebase: str, relpath: str):
             module = importlib.util.module_from_spec(module_spec)
             module_spec.loader.exec_module(module)
             return module
+    package = 'mmsegmentation' if codebase == 'mmseg' else codebase
     fail(f'The installed {codebase} does not ship tools/{relpath} (looked in '
          f'{", ".join(candidates) or "nowhere: " + codebase + " is not installed"}); install '
-         f'{codebase} from its wheel (pip install {"mmsegmentation" if codebase == "mmseg" else codebase}).')
+         f'{codebase} from its wheel (pip install {package}).')

@@ -66,12 +66,12 @@ def codebase_of_log(path, lines) -> str:
     """'mmdet' or 'mmseg': the config saved beside the log, else the log's shape."""
     from mmengine.config import Config
 
-    from mmplugin_inline.utils.tool_setup import CodebaseError, codebase_of
+    from mmplugin_inline.utils.tool_setup import codebase_of
     config = osp.join(osp.dirname(osp.abspath(path)), 'config.py')
     if osp.isfile(config):
         try:
             return codebase_of(Config.fromfile(config))
-        except (CodebaseError, Exception):  # noqa: B014 - an unreadable dump: guess
+        except Exception:  # noqa: BLE001 - a dump that no longer loads: guess from the log
             pass
     return 'mmdet' if any('epoch' in line for line in lines if 'lr' in line) else 'mmseg'
 
