@@ -5,6 +5,7 @@ import json
 import os
 import os.path as osp
 import pickle
+import sys
 
 import cv2
 import numpy as np
@@ -165,6 +166,8 @@ def test_analyze_logs_iteration_run_uses_mmseg_plot_and_counts_training_lines_on
     assert f'average iter time: {np.mean(times[1:]):.4f} s/iter' in out
     analyze_logs.main(['cal_train_time', log, '--include-outliers'])
     assert f'average iter time: {np.mean(times):.4f} s/iter' in capsys.readouterr().out
+    import importlib.util  # the stand-in for a missing seaborn does not outlive the tool
+    assert ('seaborn' in sys.modules) == (importlib.util.find_spec('seaborn') is not None)
 
 
 def test_analyze_logs_messages(tmp_path, headless, capsys):

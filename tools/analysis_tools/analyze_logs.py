@@ -112,9 +112,14 @@ def main(argv=None):
         codebase = 'mmdet'  # mmseg ships no cal_train_time
     try:
         import seaborn  # noqa: F401
-    except ImportError:
-        sys.modules['seaborn'] = _matplotlib_seaborn()
-    script = tool_setup.codebase_script(codebase, 'analysis_tools/analyze_logs.py')
+        stand_in = False
+    except ImportError:  # only for the script's import: no one else sees the stand-in
+        sys.modules['seaborn'] = stand_in = _matplotlib_seaborn()
+    try:
+        script = tool_setup.codebase_script(codebase, 'analysis_tools/analyze_logs.py')
+    finally:
+        if stand_in:
+            del sys.modules['seaborn']
     if args.task == 'cal_train_time':
         with tempfile.TemporaryDirectory() as tmp:
             train_only = []
