@@ -72,11 +72,14 @@ def test_each_tool_names_a_missing_or_foreign_config_and_a_missing_script(tmp_pa
 def test_print_config_prints_and_saves_the_merged_config(config, tmp_path, monkeypatch, capsys):
     from mmengine.config import Config
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv('MMDET_DATASETS', '/elsewhere/')  # mmdet's update_data_root: 2.x only
     cfg = print_config.main([config, '--save-path', 'whole.json',   # a bare file name
                              '--cfg-options', 'model.backbone.drop_path_rate=0.37'])
     out = capsys.readouterr().out
-    assert out.startswith('Config:') and "type='InLine" in out and 'drop_path_rate=0.37' in out
+    assert 'Config:\n' in out and "type='InLine" in out and 'drop_path_rate=0.37' in out
     assert f"default_scope = '{cfg.default_scope}'" in out
+    assert ('MMDET_DATASETS=/elsewhere/ is ignored' in out) == (cfg.default_scope == 'mmdet')
+    assert '/elsewhere/' not in out.split('Config:', 1)[1]
     saved = Config.fromfile(str(tmp_path / 'whole.json'))
     assert saved.model.backbone.drop_path_rate == 0.37
     assert saved.model.backbone.type == cfg.model.backbone.type

@@ -25,6 +25,10 @@ reads the class names from the dataset class (empty for ``BaseSegDataset`` with
 ``metainfo``) and pairs files by sorted name. Here each image's label map is found by
 name, both maps are compared in the reduced numbering, ignored pixels skipped. Without a
 display ``--show`` says so and only writes the file.
+
+The .pkl is unpickled in full, as by mmdet's script (its tensors are pickled through
+``torch.storage._load_from_bytes``, which the data-only reader of ``loading.py`` sets
+aside): give it only predictions you made.
 """
 import argparse
 import os

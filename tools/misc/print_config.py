@@ -6,7 +6,7 @@ Usage::
         [--cfg-options KEY=VALUE ...]
 
 mmdet configs go to mmdet's own ``tools/misc/print_config.py`` (which also resolves
-``${key}`` references and honours ``MMDET_DATASETS``), mmseg configs to mmseg's. The
+``${key}`` references), mmseg configs to mmseg's. The
 plugin is imported first (the configs' ``custom_imports``), so a config that names an
 InLine backbone is checked to load before anything is printed.
 
@@ -14,6 +14,9 @@ Differences from running those scripts directly: ``--save-path`` may be a bare f
 name (mmdet's crashes creating the folder ''), its suffix is checked with a message
 instead of an assert, and mmseg's script, which always writes ``example.py`` into the
 working directory, runs in a temporary one (``--save-path`` writes the dump instead).
+``MMDET_DATASETS`` is ignored, with a note, as mmdet 3.3's own train and test do: its
+``update_data_root``, which mmdet's print_config calls, reads the ``data`` section of
+2.x configs and stops with ``AttributeError: ... no attribute 'data'`` on 3.x ones.
 """
 import argparse
 import os
@@ -24,6 +27,13 @@ from types import SimpleNamespace
 from mmplugin_inline.utils.env_check import assert_environment
 
 SUFFIXES = ('.py', '.json', '.yml', '.yaml')
+
+
+def _ignore_mmdet_datasets(cfg, logger=None):
+    """What replaces mmdet's ``update_data_root`` (2.x configs only): a note if set."""
+    if 'MMDET_DATASETS' in os.environ:
+        print(f'Note: MMDET_DATASETS={os.environ["MMDET_DATASETS"]} is ignored, as by '
+              'mmdet 3.x train and test; override the data root with --cfg-options.')
 
 
 def parse_args(argv=None):
@@ -49,6 +59,7 @@ def main(argv=None):
                              save_path=save_path, graph=False, options=None)
     script.parse_args = lambda: theirs
     if codebase == 'mmdet':
+        script.update_data_root = _ignore_mmdet_datasets
         script.main()
     else:
         cwd = os.getcwd()
