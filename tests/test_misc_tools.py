@@ -300,3 +300,26 @@ def test_train_log_curves_and_confusion_matrix_of_a_test_run(run_configs, shapes
     per_class = np.bincount(np.concatenate([labels for _, labels in _gt_instances(shapes)]),
                             minlength=len(SHAPES))
     assert (matrix[:len(SHAPES)].sum(1) >= per_class).all() and matrix[-1, -1] == 0
+
+
+@pytest.mark.slow
+def test_segmentation_confusion_matrix_of_a_test_run_agrees_with_its_metrics(
+        run_configs, tmp_path, headless):
+    """tools/test.py --out DIR (label maps in the dataset's numbering, written by mmseg's
+    IoUMetric) read back: the matrix's accuracy is the aAcc the same run reported."""
+    from mmplugin_inline.analysis import build_model
+    from mmplugin_inline.utils.tool_setup import load_config
+    config = run_configs[1]
+    torch.manual_seed(0)
+    weights = str(tmp_path / 'random.pth')
+    torch.save({'state_dict': build_model(load_config(config)).state_dict()}, weights)
+    preds = str(tmp_path / 'preds')
+    rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/test.py'), config, weights,
+                           '--work-dir', str(tmp_path / 'test'), '--out', preds])
+    ok(rc, out)
+    [metrics] = glob.glob(osp.join(str(tmp_path / 'test'), '*', '2*.json'))
+    with open(metrics) as f:
+        a_acc = json.load(f)['aAcc']
+    matrix = confusion_matrix.main([config, preds, str(tmp_path / 'cm')])
+    assert matrix.sum() > 0
+    assert 100 * matrix.trace() / matrix.sum() == pytest.approx(a_acc, abs=0.01)
