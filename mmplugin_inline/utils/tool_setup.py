@@ -2,10 +2,14 @@
 command-line options and the failure messages.
 
 Used by ``tools/train.py``, ``tools/test.py``, ``tools/analysis_tools/get_flops.py``,
-``benchmark.py``, ``demo/image_demo.py`` and ``tools/misc/demo_report.py``, so that a
+``benchmark.py``, ``confusion_matrix.py``, ``analyze_logs.py``, ``demo/image_demo.py``,
+``tools/misc/demo_report.py``, ``print_config.py`` and ``browse_dataset.py``, so that a
 config is read, overridden (``--cfg-options``) and attributed to mmdet or mmseg the
 same way by all of them, and a missing file or an unusable config ends every tool
-with the same one-line message (status 1, no traceback).
+with the same one-line message (status 1, no traceback). ``codebase_script`` finds the
+scripts mmdet's and mmseg's wheels ship, for the tools that delegate to them, and
+``can_show`` keeps ``--show`` from waiting on a window that a headless machine cannot
+open.
 
 The ``add_*_options`` helpers add options to a parser the tool script made: mmdet
 keeps argparse in its ``tools/`` scripts, and so does this plugin (no parser is made or
@@ -158,3 +162,53 @@ def add_model_options(parser, shape: bool = True) -> None:
                             help=SHAPE_HELP)
     parser.add_argument('--device', default='cpu', help='cpu or cuda (cuda:N)')
     add_cfg_options(parser)
+
+
+def display_available() -> bool:
+    """Whether windows can be opened: on Linux a ``DISPLAY`` or ``WAYLAND_DISPLAY``
+    (elsewhere assumed), and a matplotlib backend that is not a file-only one."""
+    import os
+    import sys
+    if sys.platform.startswith('linux') and not (os.environ.get('DISPLAY')
+                                                 or os.environ.get('WAYLAND_DISPLAY')):
+        return False
+    import matplotlib
+    return matplotlib.get_backend().lower() not in ('agg', 'pdf', 'ps', 'svg', 'cairo',
+                                                    'template')
+
+
+def can_show(show: bool, instead: str) -> bool:
+    """``show`` if a window can be opened; otherwise False, after saying so (a
+    matplotlib or mmengine window on a headless machine would wait forever).
+
+    ``instead`` says what the tool does without the window, e.g. 'the pictures are
+    saved to out/'.
+    """
+    if show and not display_available():
+        print(f'No display (DISPLAY is not set or matplotlib cannot open windows): not '
+              f'showing; {instead}.', flush=True)
+        return False
+    return show
+
+
+def codebase_script(codebase: str, relpath: str):
+    """The script ``tools/RELPATH`` that the installed ``codebase`` ships (the wheels of
+    mmdet 3.x and mmseg 1.x keep their tools under ``<package>/.mim/tools/``), imported
+    as a module; a missing script ends the tool with a message."""
+    import importlib.util
+    spec = importlib.util.find_spec(codebase)
+    roots = list(spec.submodule_search_locations or []) if spec else []
+    candidates = [osp.join(root, '.mim', 'tools', relpath) for root in roots]
+    # an editable (source) install keeps them in the repository's tools/
+    candidates += [osp.join(osp.dirname(root), 'tools', relpath) for root in roots]
+    for path in candidates:
+        if osp.isfile(path):
+            name = f'_{codebase}_tools_' + relpath[:-3].replace('/', '_')
+            module_spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+            return module
+    package = 'mmsegmentation' if codebase == 'mmseg' else codebase
+    fail(f'The installed {codebase} does not ship tools/{relpath} (looked in '
+         f'{", ".join(candidates) or "nowhere: " + codebase + " is not installed"}); install '
+         f'{codebase} from its wheel (pip install {package}).')
