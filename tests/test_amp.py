@@ -165,6 +165,7 @@ def test_stage1_attention_layer_under_autocast_at_67k_tokens(family, device, dty
     torch.manual_seed(0)
     block, width = first_attention_layer(family)
     layer = _Attention(block).to(device)
+    assert {m.attn_type for m in layer.modules() if hasattr(m, 'attn_type')} == {'I'}
     n = STAGE1[0] * STAGE1[1] + (1 if family == 'InLineDeiT' else 0)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(1, n, width, generator=g).to(device)

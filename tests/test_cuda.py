@@ -40,7 +40,8 @@ gpu_check = load_script('tools/misc/gpu_check.py')
 
 @pytest.mark.cuda
 @needs_cuda
-@pytest.mark.parametrize('dtype', [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float16, torch.bfloat16],
+                         ids=['fp32', 'fp16', 'bf16'])
 @pytest.mark.parametrize('kernel', sorted(FEATURE_MAPS))
 @pytest.mark.parametrize('n,d', [(37, 13), (2048, 32)])
 def test_kernel_matches_definition_on_cuda(dtype, kernel, n, d):
@@ -73,7 +74,7 @@ def _loss(outs, targets):
 
 @pytest.mark.cuda
 @needs_cuda
-@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16], ids=['fp16', 'bf16'])
 @pytest.mark.parametrize('family', FAMILIES)
 def test_backbone_training_step_under_amp(family, dtype):
     ref_model, model = tiny_backbone(family).cuda(), tiny_backbone(family).cuda()  # same seed
