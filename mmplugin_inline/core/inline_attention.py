@@ -39,10 +39,10 @@ class _CentredLinearAttention(torch.autograd.Function):
     """``out = mean(V) + c * Q [K^T (I - 11^T/N) V]`` with a hand-written backward.
 
     Writing the backward out keeps it at four N x d x d matmuls and no N x d
-    temporaries beyond the gradients themselves: the rank-one centring terms are
-    added in place to the matmuls' outputs (autograd would expand the mean's gradient
-    into a temporary and add it in extra passes).
-    Inputs are [G, N, d] (heads folded into G), already in the compute dtype.
+    temporaries beyond the gradients themselves: it reuses the centred K and V saved by
+    the forward (in place of K and V), and the mean row of dV is added in place
+    (autograd would expand the mean's gradient into a temporary and add it in extra
+    passes). Inputs are [G, N, d] (heads folded into G), already in the compute dtype.
     """
 
     @staticmethod
