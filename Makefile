@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo demo-seg test env clean
+.PHONY: setup demo demo-seg test env gpu-check clean
 
 setup:
 	bash tools/setup_env.sh
@@ -19,6 +19,12 @@ demo-seg: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# the GPU path (env check, pytest -m cuda, GPU benchmark) -> work_dirs/gpu_check/gpu_check.json;
+# says so and exits 0 without a GPU. Not part of `make test`; no set-up step (a GPU machine
+# may have its own CUDA mmcv): use `make gpu-check PY=python` for another environment.
+gpu-check:
+	$(PY) tools/misc/gpu_check.py --out-dir work_dirs/gpu_check
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache

@@ -38,7 +38,7 @@ def inline_attention_macs(n, c, heads, separate_q=True):
     """One InLine GlobalAttention module on n tokens: projections, kernel, residual."""
     d = c // heads
     projections = n * c * c + n * c * 2 * c + n * c * c          # q (or qkv), kv, proj
-    kernel = n * c * d + c * d + n * c * d                        # heads x (N d^2 + d^2 + N d^2)
+    kernel = n * c * d + n * c * d                 # heads x (N d^2 centred K^T V + N d^2 Q M)
     predictor = c * d + 9 * c * d                                 # two grouped 1x1 Conv1d
     local_residual = 9 * n * c
     return projections + kernel + predictor + local_residual

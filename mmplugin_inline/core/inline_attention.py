@@ -4,9 +4,12 @@ For one head with N tokens, width d and s = d^-0.5 (see ``core/README.md``)::
 
     out_i = mean(V) + (s / N) * phi(q_i) @ M,   M = (phi(K) - mean phi(K))^T V   [d, d]
 
-and because the centred keys sum to zero, M = phi(K)^T V - N mean(phi(K)) mean(V)^T:
-one N-long matmul and two column means, then a d x d correction. All of it runs in
-fp32 (fp64 stays fp64) with autocast off; the result comes back in the input dtype.
+and because the centred keys sum to zero, M = (phi(K) - mean)^T (V - mean(V)): two
+column means, then one N-long matmul of centred operands. (The expanded form
+phi(K)^T V - N mean(phi(K)) mean(V)^T is equal in exact arithmetic, but its two terms
+grow as N mu^2 at a common offset mu and cancel: at mu = 1e3 and 67k tokens fp32 keeps
+no correct digit.) All of it runs in fp32 (fp64 stays fp64) with autocast off; the
+result comes back in the input dtype.
 """
 from typing import Optional
 
@@ -36,10 +39,10 @@ class _CentredLinearAttention(torch.autograd.Function):
     """``out = mean(V) + c * Q [K^T (I - 11^T/N) V]`` with a hand-written backward.
 
     Writing the backward out keeps it at four N x d x d matmuls and no N x d
-    temporaries beyond the gradients themselves: the rank-one centring terms are
-    added in place to the matmuls' outputs (autograd would expand the mean's gradient
-    into a temporary and add it in extra passes).
-    Inputs are [G, N, d] (heads folded into G), already in the compute dtype.
+    temporaries beyond the gradients themselves: it reuses the centred K and V saved by
+    the forward (in place of K and V), and the mean row of dV is added in place
+    (autograd would expand the mean's gradient into a temporary and add it in extra
+    passes). Inputs are [G, N, d] (heads folded into G), already in the compute dtype.
     """
 
     @staticmethod
@@ -48,12 +51,15 @@ class _CentredLinearAttention(torch.autograd.Function):
         # tensor's shape outside the Function breaks torch.jit tracing (FLOP counting)
         n = k.shape[1]
         c = (q.shape[-1] ** -0.5 if scale is None else scale) / n
-        k_mean = k.mean(dim=1, keepdim=True)                       # [G, 1, d]
         v_mean = v.mean(dim=1, keepdim=True)                       # [G, 1, dv]
-        # (K - 1 k_mean^T)^T V = K^T V - N k_mean^T v_mean   (exact, d x d only)
-        m = torch.baddbmm(k.transpose(1, 2) @ v, k_mean.transpose(1, 2), v_mean,
-                          beta=c, alpha=-n * c)                     # [G, d, dv], scaled by c
-        ctx.save_for_backward(q, k, v, m, k_mean, v_mean)
+        # centred before the product: K^T V - N k_mean^T v_mean is the same in exact
+        # arithmetic, but at a common offset mu both terms are ~N mu^2 and cancel
+        # (fp32 loses everything at mu ~ 1e3, 67k tokens); (K - k_mean)^T (V - v_mean)
+        # only sums terms of the spread's size
+        k = k - k.mean(dim=1, keepdim=True)                        # K - 1 k_mean^T
+        vc = v - v_mean                                            # V - 1 v_mean^T
+        m = torch.bmm(k.transpose(1, 2), vc).mul_(c)               # [G, d, dv], scaled by c
+        ctx.save_for_backward(q, k, vc, m)
         ctx.c = c
         # the mean row is added in place: baddbmm would first copy it, broadcast, into
         # the output (a slower pass over N x dv than this add)
@@ -62,8 +68,8 @@ class _CentredLinearAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        q, k, v, m, k_mean, v_mean = ctx.saved_tensors
-        c, n = ctx.c, k.shape[1]
+        q, kc, vc, m = ctx.saved_tensors                           # kc, vc: centred K, V
+        c, n = ctx.c, kc.shape[1]
         grad_q = grad_k = grad_v = None
         if ctx.needs_input_grad[0]:
             grad_q = grad @ m.transpose(1, 2)                      # [G, Nq, d]
@@ -71,12 +77,10 @@ class _CentredLinearAttention(torch.autograd.Function):
             grad_m = q.transpose(1, 2) @ grad                      # [G, d, dv] (unscaled)
             if ctx.needs_input_grad[1]:
                 # dK = c (V - 1 v_mean^T) dM^T
-                grad_mt = grad_m.transpose(1, 2) * c
-                grad_k = torch.bmm(v, grad_mt).sub_(v_mean @ grad_mt)
+                grad_k = torch.bmm(vc, grad_m.transpose(1, 2) * c)
             if ctx.needs_input_grad[2]:
                 # dV = c (K - 1 k_mean^T) dM + 1 sum_i(grad_i)^T / N
-                row = grad.sum(dim=1, keepdim=True) / n - c * (k_mean @ grad_m)
-                grad_v = torch.bmm(k, grad_m * c).add_(row)
+                grad_v = torch.bmm(kc, grad_m * c).add_(grad.sum(dim=1, keepdim=True) / n)
         return grad_q, grad_k, grad_v, None
 
 

@@ -55,6 +55,25 @@ def normalize_out_indices(out_indices, num_outputs: int, family: str):
     return tuple(sorted(set(result)))
 
 
+def fp32_outputs_under_autocast(module, args, outputs):
+    """The dtype policy of every family's outputs: float32 under autocast.
+
+    mmdet's own Swin and PVT end each output with a LayerNorm, which CUDA autocast
+    runs in float32, so their maps are float32 under ``--amp``; ours are too, on any
+    device (CPU autocast would otherwise give some families bf16, others fp32).
+    Outside autocast the outputs keep the dtype they were computed in. A forward hook
+    (set in :class:`InLineBackbone`) so that it holds for families that do not build
+    their outputs with ``_output`` (DeiT).
+    """
+    def cast(x):
+        if x.is_floating_point() and x.dtype not in (torch.float32, torch.float64) \
+                and torch.is_autocast_enabled(x.device.type):
+            return x.float()  # preserves the (contiguous) layout
+        return x
+    return type(outputs)(cast(x) for x in outputs) if isinstance(outputs, (tuple, list)) \
+        else cast(outputs)
+
+
 class InLineBackbone(BaseModule):
     """Base of the InLine backbones.
 
@@ -97,6 +116,7 @@ class InLineBackbone(BaseModule):
         super().__init__(init_cfg=init_cfg)
         self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
         self.in_channels, self.check_finite = in_channels, check_finite
+        self.register_forward_hook(fp32_outputs_under_autocast)
 
     @classmethod
     def released_files(cls) -> Dict[str, Tuple[str, str]]:

@@ -1,0 +1,196 @@
+"""The GPU path, ready for a GPU: tests marked ``cuda`` skip without a CUDA device.
+
+``make gpu-check`` (``tools/misc/gpu_check.py``) runs them with ``pytest -m cuda`` and
+writes one JSON report; its behaviour without a GPU is tested here on the CPU.
+
+- the kernel against the explicit N x N definition (fp64, same rounded inputs) on the
+  GPU: fp32 to the tolerance tests/test_core.py uses, fp16 / bf16 within 3x the
+  rounding floor (the bound of tests/test_core.py's low-precision tests), forward and
+  backward;
+- every backbone's training step under AMP (fp16 with ``torch.amp.GradScaler``, bf16):
+  finite, loss and gradients within ``sqrt(2 L) u`` of fp32 (tests/test_amp.py's
+  whole-backbone bound), a step taken, parameters finite after it;
+- the backbone benchmark tool on ``--device cuda`` for one case (skipped while the
+  script does not exist).
+"""
+import json
+import math
+import os.path as osp
+import shlex
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from mmplugin_inline.core import FEATURE_MAPS, inline_attention, inline_attention_reference
+from mmplugin_inline.registry import registered_families
+
+from helpers.runs import PYTHON, load_script, ok, run_tool
+from helpers.tiny_models import REPO
+from test_amp import UNIT_ROUNDOFF, fp32_without_tf32, rounding_count, tiny_backbone
+
+HAS_CUDA = torch.cuda.is_available()
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason='needs a CUDA device')
+FAMILIES = sorted(registered_families())
+gpu_check = load_script('tools/misc/gpu_check.py')
+
+
+# -- the kernel on the GPU ----------------------------------------------------------------
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float16, torch.bfloat16],
+                         ids=['fp32', 'fp16', 'bf16'])
+@pytest.mark.parametrize('kernel', sorted(FEATURE_MAPS))
+@pytest.mark.parametrize('n,d', [(37, 13), (2048, 32)])
+def test_kernel_matches_definition_on_cuda(dtype, kernel, n, d):
+    g = torch.Generator().manual_seed(n + d)
+    q, k, v = (torch.randn(2, 3, n, d, generator=g).to('cuda', dtype).requires_grad_()
+               for _ in range(3))
+    grad_out = torch.randn(2, 3, n, d, generator=g).to('cuda', dtype)
+    with fp32_without_tf32():
+        out = inline_attention(q, k, v, kernel=kernel)
+        grads = torch.autograd.grad(out, (q, k, v), grad_out)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = inline_attention_reference(q64, k64, v64, kernel=kernel)
+    ref_grads = torch.autograd.grad(ref, (q64, k64, v64), grad_out.double())
+    assert out.dtype == dtype and all(gr.dtype == dtype for gr in grads)
+    for name, low, exact in zip(('out', 'dq', 'dk', 'dv'), (out,) + grads, (ref,) + ref_grads):
+        assert torch.isfinite(low).all(), name
+        if dtype == torch.float32:
+            torch.testing.assert_close(low.double(), exact, rtol=2e-5, atol=2e-5)
+            continue
+        floor = (exact.to(dtype).double() - exact).abs().max()
+        ratio = ((low.double() - exact).abs().max() / floor).item()
+        assert ratio <= 3.0, f'{name}: error is {ratio:.2f}x the rounding floor'
+
+
+# -- a training step of every backbone under AMP ------------------------------------------
+
+def _loss(outs, targets):
+    return sum((o.float() * t).mean() for o, t in zip(outs, targets))
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16], ids=['fp16', 'bf16'])
+@pytest.mark.parametrize('family', FAMILIES)
+def test_backbone_training_step_under_amp(family, dtype):
+    ref_model, model = tiny_backbone(family).cuda(), tiny_backbone(family).cuda()  # same seed
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 3, 72, 104, generator=g).cuda()
+    with torch.no_grad():
+        targets = [torch.randn(o.shape, generator=g).cuda() for o in ref_model(x)]
+    with fp32_without_tf32():
+        ref_outs = ref_model(x)
+        ref_loss = _loss(ref_outs, targets)
+    # the loss (a sum of products of both signs) is compared on the scale of its terms
+    loss_scale = sum((o * t).abs().mean() for o, t in zip(ref_outs, targets)).item()
+    ref_loss.backward()
+    ref_grads = torch.cat([p.grad.flatten() for p in ref_model.parameters()])
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler('cuda', enabled=dtype == torch.float16)
+    before = [p.detach().clone() for p in model.parameters()]
+    for _ in range(8):  # a dynamic scale starts high: an overflowing step is skipped, halved
+        optimizer.zero_grad()
+        with torch.autocast('cuda', dtype=dtype):
+            outs = model(x)
+            loss = _loss(outs, targets)
+        assert all(o.dtype == torch.float32 for o in outs)
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        scale = scaler.get_scale() if scaler.is_enabled() else 1.0
+        scaler.step(optimizer)
+        scaler.update()
+        if torch.isfinite(grads).all():
+            break
+        assert scaler.is_enabled() and scaler.get_scale() < scale, 'non-finite bf16 gradients'
+    else:
+        pytest.fail('no finite fp16 step in 8 tries of the GradScaler')
+    u, count = UNIT_ROUNDOFF[dtype], rounding_count(model)
+    bound = math.sqrt(2 * count) * u
+    assert torch.isfinite(loss) and abs(loss.item() - ref_loss.item()) <= bound * loss_scale
+    err = ((grads - ref_grads).norm() / ref_grads.norm()).item()
+    assert err <= bound, f'gradients: error {err / u:.2f} u > {bound / u:.1f} u'
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    assert any(not torch.equal(p, b) for p, b in zip(model.parameters(), before)), 'no step'
+
+
+# -- the backbone benchmark on the GPU ------------------------------------------------------
+
+@pytest.mark.cuda
+@needs_cuda
+def test_backbone_benchmark_on_cuda(tmp_path):
+    script = osp.join(REPO, gpu_check.BENCHMARK)
+    if not osp.exists(script):
+        pytest.skip(f'{gpu_check.BENCHMARK} does not exist yet')
+    rc, out, _ = run_tool([PYTHON, script] + shlex.split(gpu_check.BENCHMARK_ARGS)
+                          + ['--out-dir', str(tmp_path)], timeout=600)
+    ok(rc, out)
+    assert list(tmp_path.rglob('*.json')), f'no JSON result in {tmp_path}:\n{out[-3000:]}'
+
+
+# -- make gpu-check: its report, tested without a GPU -------------------------------------
+
+@pytest.mark.skipif(HAS_CUDA, reason='this machine has a GPU: the no-GPU path does not run')
+def test_gpu_check_without_a_gpu_says_so_writes_the_json_and_exits_0(tmp_path, capsys):
+    # in-process (its environment check still runs as a subprocess)
+    assert gpu_check.main(['--out-dir', str(tmp_path)]) == 0
+    assert 'no CUDA device' in capsys.readouterr().out
+    with open(tmp_path / 'gpu_check.json') as f:
+        report = json.load(f)
+    assert report['cuda_available'] is False and report['ok'] is True
+    assert report['torch'] == torch.__version__ and report['torch_cuda'] == torch.version.cuda
+    assert 'no CUDA device' in report['note']
+    assert report['env_check']['ok'] is True and 'mmcv' in report['env_check']['report']
+    assert 'cuda_tests' not in report and 'benchmark' not in report
+
+
+def test_gpu_check_report_with_a_gpu(tmp_path, monkeypatch):
+    """The GPU branch with the device faked: real pytest junit XML of a passing, a failing
+    and a skipped test, a benchmark JSON; the report holds each and the run fails."""
+    cases = tmp_path / 'cases'
+    cases.mkdir()
+    (cases / 'test_fake.py').write_text(textwrap.dedent('''
+        import pytest
+        def test_good(): pass
+        def test_bad(): assert 1 == 2, 'wrong'
+        def test_later(): pytest.skip('not now')
+    '''))
+    calls = []
+
+    def fake_run(cmd, log_path, timeout):
+        calls.append(cmd)
+        if cmd[1:3] == ['-m', 'pytest']:
+            assert cmd[3:5] == ['-m', 'cuda']
+            junit = [a for a in cmd if a.startswith('--junitxml=')]
+            rc, out, _ = run_tool([PYTHON, '-m', 'pytest', '-q', '-p', 'no:cacheprovider',
+                                   str(cases)] + junit, cwd=str(cases))
+            return rc, out
+        if '--out-dir' in cmd:  # the benchmark
+            bench_dir = cmd[cmd.index('--out-dir') + 1]
+            with open(osp.join(bench_dir, 'result.json'), 'w') as f:
+                json.dump({'InLinePVT-t': {'fwd_ms': 1.5}}, f)
+        return 0, 'fine'
+
+    monkeypatch.setattr(gpu_check, 'run', fake_run)
+    monkeypatch.setattr(gpu_check, 'device_info', lambda: dict(
+        torch=torch.__version__, torch_cuda='12.4', cuda_available=True, device='Fake GPU',
+        capability='9.0', cudnn=90100))
+    monkeypatch.setattr(gpu_check, 'BENCHMARK', 'tools/misc/gpu_check.py')  # exists
+    assert gpu_check.main(['--out-dir', str(tmp_path / 'out')]) == 1
+    with open(tmp_path / 'out' / 'gpu_check.json') as f:
+        report = json.load(f)
+    assert report['device'] == 'Fake GPU' and report['ok'] is False
+    outcomes = {c['test'].rsplit('::', 1)[1]: c['outcome'] for c in report['cuda_tests']['tests']}
+    assert outcomes == {'test_good': 'passed', 'test_bad': 'failed', 'test_later': 'skipped'}
+    assert report['cuda_tests']['counts'] == {'passed': 1, 'failed': 1, 'skipped': 1}
+    bad = [c for c in report['cuda_tests']['tests'] if c['outcome'] == 'failed'][0]
+    assert 'wrong' in bad['message']
+    assert report['benchmark']['ok'] is True
+    assert report['benchmark']['results'] == {'result.json': {'InLinePVT-t': {'fwd_ms': 1.5}}}
+    assert calls[0][1:] == ['-m', 'mmplugin_inline.utils.env_check'] and len(calls) == 3
+    assert sys.executable == calls[0][0]
