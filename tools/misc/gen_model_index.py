@@ -2,7 +2,8 @@
 
 Usage::
 
-    python tools/misc/gen_model_index.py [--no-flops] [--check]
+    python tools/misc/gen_model_index.py [--no-flops | --flops-only NAME ...] [--cache JSON]
+        [--check]
 
 Writes ``configs/<folder>/metafile.yml`` for each config folder and ``model-index.yml``
 (its ``Import:`` list) at the repository root. One Model entry per complete config
