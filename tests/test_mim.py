@@ -4,8 +4,9 @@ The package is installed as users get it, from a wheel built from a copy of the
 repository into a temporary folder (``pip install --target``), so ``.mim/`` (configs,
 tools, demo, model-index.yml) is what setup.py puts into a wheel; mim then finds it on
 PYTHONPATH. mim runs with proxies pointing at a closed port on 127.0.0.1 and no package
-index, so anything reaching for the network fails. ~45 s on 2 cores (the wheel ~10 s,
-Mask R-CNN 2 iterations + test on the shapes data).
+index, so anything reaching for the network fails. Measured: ~2 min on the 2 shared
+cores at a load of ~10 (the wheel ~10 s, mim train: tiny Mask R-CNN 2 iterations on the
+shapes data, mim test: 107 s of it).
 """
 import glob
 import json
