@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv/ in the repository root and install the pinned stack into it.
 #
-# Idempotent: when .venv/ already holds exactly what requirements/pinned.txt and
-# setup.cfg ask for, it says so and returns in about a second.
+# Idempotent: when .venv/ already holds exactly what requirements/pinned.txt,
+# setup.cfg and setup.py ask for, it says so and returns in about a second.
 #
 # mmcv 2.1.0 has no CPU wheel on the package index, so it is built from its sdist with
 # the compiled ops (mmcv.ops.RoIAlign, nms, ... are needed by Mask R-CNN). The wheel is
@@ -32,7 +32,7 @@ pin() {  # pin NAME -> the exact version from requirements/pinned.txt
 }
 
 want_stamp() {
-    cat "$PINS" "$ROOT/setup.cfg" | sha256sum | cut -d' ' -f1
+    cat "$PINS" "$ROOT/setup.cfg" "$ROOT/setup.py" | sha256sum | cut -d' ' -f1
 }
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(want_stamp)" ] && [ -x "$VENV/bin/python" ]; then
@@ -93,10 +93,15 @@ else
     "${PIP[@]}" addict packaging Pillow pyyaml yapf "opencv-python==$(pin opencv-python)"
 fi
 
-say "installing mmdet, mmsegmentation, timm, test tools and the plugin (editable)"
+say "installing mmdet, mmsegmentation, timm, mim, test tools and the plugin (editable)"
 # Every pin except those installed above; mmcv is already here, so pip only checks it.
-grep -v -E '^\s*(#|$)' "$PINS" > "$VENV/.pins.txt"
+# openmim is left out: its dependency opendatalab pins setuptools~=60.2 (which breaks
+# torch), so it is installed alone with --no-deps; its real needs are pinned.
+grep -v -E '^\s*(#|$)' "$PINS" | grep -v -E '^openmim==' > "$VENV/.pins.txt"
 "${PIP[@]}" -r "$VENV/.pins.txt"
+"${PIP[@]}" --no-deps "openmim==$(pin openmim)"
+# setup.py links configs/, tools/, demo/ and model-index.yml into mmplugin_inline/.mim/
+# (mim itself finds only regular installs: it looks in <site-packages>/mmplugin_inline)
 "${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT"
 
 say "checking the installed stack"

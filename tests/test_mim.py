@@ -1,0 +1,116 @@
+"""OpenMMLab's mim on the installed package: search, train and test.
+
+The package is installed as users get it, from a wheel built from a copy of the
+repository into a temporary folder (``pip install --target``), so ``.mim/`` (configs,
+tools, demo, model-index.yml) is what setup.py puts into a wheel; mim then finds it on
+PYTHONPATH. mim runs with proxies pointing at a closed port on 127.0.0.1 and no package
+index, so anything reaching for the network fails. Measured: ~2 min on the 2 shared
+cores at a load of ~10 (the wheel ~10 s, mim train: tiny Mask R-CNN 2 iterations on the
+shapes data, mim test: 107 s of it).
+"""
+import glob
+import json
+import os.path as osp
+import re
+import shutil
+
+import pytest
+import yaml
+
+from helpers.runs import PYTHON, DET_CONFIG, checkpoint_meta, free_port, ok, run_tool
+from helpers.tiny_models import REPO, det_run_config
+
+# what a wheel is built from (setup.cfg reads README.md; MANIFEST.in lists the rest)
+SOURCES = ('setup.py', 'setup.cfg', 'pyproject.toml', 'README.md', 'MANIFEST.in', 'requirements',
+           'mmplugin_inline', 'configs', 'tools', 'demo', 'model-index.yml')
+
+
+@pytest.fixture(scope='module')
+def site(tmp_path_factory):
+    """A folder holding mmplugin_inline installed from its wheel (not editable)."""
+    src = tmp_path_factory.mktemp('src')
+    ignore = shutil.ignore_patterns('__pycache__', '.mim', '*.egg-info')
+    for name in SOURCES:
+        path = osp.join(REPO, name)
+        if osp.isdir(path):
+            shutil.copytree(path, src / name, ignore=ignore)
+        else:
+            shutil.copy2(path, src / name)
+    target = tmp_path_factory.mktemp('site')
+    rc, out, _ = run_tool([PYTHON, '-m', 'pip', 'install', '--disable-pip-version-check',
+                           '--no-deps', '--no-build-isolation', '--no-compile', '--no-index',
+                           '--target', str(target), str(src)], cwd=str(src))
+    ok(rc, out)
+    return str(target)
+
+
+def mim(site, args, cwd, timeout=600):
+    """``python -m mim ARGS`` seeing the wheel install first on its path, offline."""
+    dead = f'http://127.0.0.1:{free_port()}'
+    env = dict(PYTHONPATH=site, http_proxy=dead, https_proxy=dead, HTTP_PROXY=dead,
+               HTTPS_PROXY=dead, no_proxy='', NO_PROXY='', PIP_NO_INDEX='1')
+    return run_tool([PYTHON, '-m', 'mim'] + args, cwd=str(cwd), env=env, timeout=timeout)
+
+
+def test_the_wheel_carries_configs_tools_and_the_model_index(site):
+    mim_dir = osp.join(site, 'mmplugin_inline', '.mim')
+    for rel in ('model-index.yml', 'tools/train.py', 'tools/test.py',
+                'configs/inline_pvt/metafile.yml', 'configs/mask_rcnn_inline_pvt.py'):
+        assert osp.isfile(osp.join(mim_dir, rel)), rel
+        assert not osp.islink(osp.join(mim_dir, rel))  # copies, not links into a source tree
+    with open(osp.join(REPO, 'model-index.yml')) as f:
+        for metafile in yaml.safe_load(f)['Import']:
+            assert osp.isfile(osp.join(mim_dir, metafile)), metafile
+
+
+def test_mim_search_lists_every_model_offline(site, tmp_path):
+    rc, out, _ = mim(site, ['search', 'mmplugin_inline'], tmp_path)
+    ok(rc, out)
+    names = set()
+    with open(osp.join(REPO, 'model-index.yml')) as f:
+        for metafile in yaml.safe_load(f)['Import']:
+            with open(osp.join(REPO, metafile)) as g:
+                names |= {m['Name'] for m in yaml.safe_load(g)['Models']}
+    assert set(re.findall(r'^config id: (\S+)$', out, re.M)) == names
+    assert 'https://cloud.tsinghua.edu.cn/f/90ac52b1555b401eb5e6/?dl=1' in out  # PVT-T weights
+
+    rc, out, _ = mim(site, ['search', 'mmplugin_inline', '--model', 'inline-swin',
+                            '--field', 'config'], tmp_path)
+    ok(rc, out)
+    configs = re.findall(r'^config\s+(\S+)$', out, re.M)
+    assert configs and all(c.startswith('configs/inline_swin/') for c in configs)
+
+
+def test_mim_train_and_test_run_the_installed_tools(site, shapes, tmp_path):
+    config = tmp_path / 'mask-rcnn_tiny.py'
+    config.write_text(det_run_config(DET_CONFIG, shapes + '/'))
+    work = str(tmp_path / 'work')
+    rc, out, _ = mim(site, ['train', 'mmplugin_inline', str(config), '--work-dir', work],
+                     tmp_path)  # 1 epoch: 4 images, batch 2
+    ok(rc, out)
+    assert osp.join(site, 'mmplugin_inline', '.mim', 'tools', 'train.py') in out
+    assert checkpoint_meta(osp.join(work, 'epoch_1.pth'))['iter'] == 2
+
+    test_dir = str(tmp_path / 'test')
+    rc, out, _ = mim(site, ['test', 'mmplugin_inline', str(config), '--checkpoint',
+                            osp.join(work, 'epoch_1.pth'), '--work-dir', test_dir], tmp_path)
+    ok(rc, out)
+    assert osp.join(site, 'mmplugin_inline', '.mim', 'tools', 'test.py') in out
+    metrics_files = glob.glob(osp.join(test_dir, '*', '2*.json'))
+    assert len(metrics_files) == 1
+    with open(metrics_files[0]) as f:
+        assert {'coco/bbox_mAP', 'coco/segm_mAP'} <= json.load(f).keys()
+
+
+def test_editable_install_links_the_mim_extension(tmp_path):
+    """An editable install (setup.py's build_py in editable mode) links, never copies."""
+    from helpers.runs import load_script
+    setup = load_script('setup.py')
+    package = tmp_path / 'mmplugin_inline'
+    package.mkdir()
+    (package / '.mim').mkdir()
+    (package / '.mim' / 'configs').write_text('stale')  # replaced, whatever was there
+    setup.link_mim_extension(str(package))
+    for item in setup.MIM_ITEMS:
+        link = package / '.mim' / item
+        assert osp.islink(link) and osp.samefile(link, osp.join(REPO, item)), item
