@@ -4,6 +4,7 @@ two processes hold the same weights. Real ``tools/train.py`` runs on CPU."""
 import os
 import os.path as osp
 import shutil
+import time
 
 import pytest
 
@@ -76,13 +77,19 @@ def _truncate(path, keep=0.5):
         f.write(data[:int(len(data) * keep)])
 
 
-def _work_dir_of_a_cut_save(reference, work, pointer):
+def _work_dir_of_a_cut_save(work, pointer, ref=None):
     """A work directory as a run killed while saving iter_9.pth leaves it: iter_3 and
-    iter_6 complete, iter_9.pth truncated, ``last_checkpoint`` naming ``pointer``."""
-    _, ref = reference
+    iter_6 complete, iter_9.pth truncated (and the newest file), ``last_checkpoint``
+    naming ``pointer``. The checkpoints are ``ref``'s, or small torch.save files."""
+    import torch
     os.makedirs(work)
     for it in (3, 6, 9):
-        shutil.copy(ref / f'iter_{it}.pth', work / f'iter_{it}.pth')
+        if ref is None:
+            torch.save({'meta': {'iter': it}, 'state_dict': {'w': torch.full((64,), it)}},
+                       work / f'iter_{it}.pth')
+        else:
+            shutil.copy(ref / f'iter_{it}.pth', work / f'iter_{it}.pth')
+        os.utime(work / f'iter_{it}.pth', (time.time() + it, time.time() + it))
     _truncate(work / 'iter_9.pth')
     (work / 'last_checkpoint').write_text(str(work / pointer))
 
@@ -92,12 +99,10 @@ def _work_dir_of_a_cut_save(reference, work, pointer):
     ('iter_9.pth', 'iter_6.pth'),  # the pointer names the cut file: the newest sound one
     ('iter_1.pth', 'iter_6.pth'),  # it names a file deleted before the save (max_keep_ckpts)
 ])
-def test_auto_resume_never_picks_a_damaged_or_missing_checkpoint(reference, tmp_path, pointer,
-                                                                  expected):
+def test_auto_resume_never_picks_a_damaged_or_missing_checkpoint(tmp_path, pointer, expected):
     from mmplugin_inline.utils.run_setup import latest_sound_checkpoint
     work = tmp_path / 'work'
-    _work_dir_of_a_cut_save(reference, work, pointer)
-    os.utime(work / 'iter_9.pth')  # the cut file is the newest one
+    _work_dir_of_a_cut_save(work, pointer)
     path, skipped = latest_sound_checkpoint(str(work))
     assert path == str(work / expected)
     skipped = dict(skipped)
@@ -138,9 +143,9 @@ def test_a_save_cut_short_leaves_no_file_under_the_checkpoint_name(tmp_path):
 
 @pytest.mark.slow
 def test_resume_of_a_cut_save_and_an_explicit_damaged_file(reference, tmp_path):
-    config, _ = reference
+    config, ref = reference
     work = tmp_path / 'work'
-    _work_dir_of_a_cut_save(reference, work, 'iter_9.pth')
+    _work_dir_of_a_cut_save(work, 'iter_9.pth', ref)
     # --resume CHECKPOINT names the cut file: one clear message, no traceback
     rc, out, err = run_tool(_train(config, work, '--resume', str(work / 'iter_9.pth'), *SEED))
     assert rc == 1 and 'Traceback' not in out, out[-3000:]
@@ -203,3 +208,51 @@ def test_two_processes_hold_the_same_weights_and_resume_to_them(shapes, tmp_path
     assert max_weight_difference(ref / f'iter_{DDP_ITERS}.pth',
                                  killed / f'iter_{DDP_ITERS}.pth') == 0
     assert train_losses(killed) == train_losses(ref)
+
+
+# --------------------------------------------------------------------------- time budget, DDP
+
+def _budget_rank(rank, port, skew_s, results):
+    """One of two gloo processes running TimeBudgetHook on a stand-in runner; rank 1's
+    clock runs ``skew_s`` ahead (a late start, a slower process)."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    import torch
+    import torch.distributed as dist
+
+    from mmplugin_inline.engine import TimeBudgetHook
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
+                            world_size=2)
+    try:
+        offset = skew_s if rank == 1 else 0.0
+        with mock.patch.object(time, 'monotonic', lambda: time.perf_counter() + offset):
+            group = dict(params=[torch.zeros(1)], lr=0.1)
+            loop = SimpleNamespace(max_iters=100, _max_iters=100)
+            runner = SimpleNamespace(iter=0, train_loop=loop, logger=mock.Mock(),
+                                     optim_wrapper=SimpleNamespace(
+                                         optimizer=SimpleNamespace(param_groups=[group])))
+            hook = TimeBudgetHook(budget_s=30.0, warmup_iters=0)
+            hook.before_train(runner)
+            seen = []
+            for it in range(3):
+                runner.iter = it
+                hook.before_train_iter(runner, it)
+                hook.after_train_iter(runner, it)
+                seen.append((group['lr'], loop._max_iters))
+        results[rank] = seen
+    finally:
+        dist.destroy_process_group()
+
+
+def test_time_budget_follows_rank_0_clock_under_ddp():
+    import torch.multiprocessing as mp
+
+    from helpers.runs import free_port
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_budget_rank, args=(free_port(), 1000.0, results), nprocs=2)
+        rank0, rank1 = results[0], results[1]
+    # rank 1's own clock is past the 30 s budget: alone it would stop after one iteration
+    assert rank0[0][1] > 1
+    assert rank1 == rank0  # the same learning rates and iteration ceilings on both
