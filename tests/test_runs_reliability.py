@@ -8,12 +8,14 @@ import time
 
 import pytest
 
+from helpers.run_hooks import PAUSED
 from helpers.runs import (PYTHON, kill_when_logged, max_weight_difference, ok, run_tool,
                           train_losses)
 from helpers.tiny_models import REPO
 from helpers.tool_configs import resumable_mask_rcnn
 
 ITERS, INTERVAL = 20, 3
+TIMEOUT = 900  # s per tool run: generous for a loaded 2-core machine
 SEED = ['--cfg-options', 'randomness.seed=7', 'randomness.deterministic=True']
 
 
@@ -22,13 +24,34 @@ def _train(config, work, *extra):
             *extra]
 
 
+def _run_train(config, work, *extra):
+    """``tools/train.py CONFIG --work-dir WORK EXTRA...``: (returncode, output, stderr)."""
+    return run_tool(_train(config, work, *extra), timeout=TIMEOUT, env=HOOKS_ENV)
+
+
+HOOKS_ENV = dict(PYTHONPATH=REPO + os.pathsep + osp.join(REPO, 'tests'))  # helpers.run_hooks
+
+
+def _with_hooks(config, name, *hooks):
+    """A copy of ``config`` named ``name`` beside it, with the test hooks ``hooks``
+    (``helpers.run_hooks``) in ``custom_hooks``."""
+    path = osp.join(osp.dirname(str(config)), name)
+    with open(config) as f:
+        text = f.read()
+    with open(path, 'w') as f:
+        f.write(text + "custom_imports = dict(imports=['mmplugin_inline', 'helpers.run_hooks'], "
+                "allow_failed_imports=False)\n"
+                f"custom_hooks = {list(hooks)!r}\n")
+    return path
+
+
 @pytest.fixture(scope='module')
 def reference(shapes, tmp_path_factory):
     """An uninterrupted run: 20 iterations, checkpoints every 3 and at the end."""
     root = tmp_path_factory.mktemp('reliability')
     config = resumable_mask_rcnn(root, shapes + '/', ITERS, INTERVAL)
     work = root / 'reference'
-    rc, out, _ = run_tool(_train(config, work, *SEED))
+    rc, out, _ = _run_train(config, work, *SEED)
     ok(rc, out)
     return config, work
 
@@ -36,7 +59,7 @@ def reference(shapes, tmp_path_factory):
 @pytest.mark.slow
 def test_two_runs_with_one_seed_log_the_same_losses(reference, tmp_path):
     config, ref = reference
-    rc, out, _ = run_tool(_train(config, tmp_path / 'again', *SEED))
+    rc, out, _ = _run_train(config, tmp_path / 'again', *SEED)
     ok(rc, out)
     first, second = train_losses(ref), train_losses(tmp_path / 'again')
     assert sorted(first) == list(range(1, ITERS + 1))
@@ -50,16 +73,18 @@ def test_two_runs_with_one_seed_log_the_same_losses(reference, tmp_path):
 def test_a_run_killed_mid_interval_resumes_to_the_same_weights(reference, tmp_path):
     config, ref = reference
     work = tmp_path / 'killed'
-    # killed as soon as iteration 4 is logged: past the checkpoint at 3, before the one at 6
-    rc, out = kill_when_logged(_train(config, work, *SEED), f'Iter(train) [ 4/{ITERS}]')
+    # killed after iteration 4: past the checkpoint at 3, before the one at 6 (the run
+    # waits there for the kill; the hook draws no random numbers)
+    pausing = _with_hooks(config, 'pausing.py', dict(type='PauseHook', after_iter=4))
+    rc, out = kill_when_logged(_train(pausing, work, *SEED), f'{PAUSED} 4', timeout=TIMEOUT,
+                               env=HOOKS_ENV)
     assert rc == -9, out[-3000:]
-    assert not osp.exists(work / f'iter_{ITERS}.pth')
     with open(work / 'last_checkpoint') as f:
-        saved = int(osp.basename(f.read().strip())[len('iter_'):-len('.pth')])
-    logged = max(train_losses(work))
-    assert saved < logged  # trained iterations were lost with the process
+        assert f.read().strip() == str(work / 'iter_3.pth')
+    assert max(train_losses(work)) == 4  # iteration 4 was trained, and lost with the process
+    saved = 3
 
-    rc, out, _ = run_tool(_train(config, work, '--resume', *SEED))
+    rc, out, _ = _run_train(config, work, '--resume', *SEED)
     ok(rc, out)
     assert f'resumed epoch: 0, iter: {saved}' in out
     assert not [n for n in os.listdir(work) if n.endswith('.part')]
@@ -147,11 +172,11 @@ def test_resume_of_a_cut_save_and_an_explicit_damaged_file(reference, tmp_path):
     work = tmp_path / 'work'
     _work_dir_of_a_cut_save(work, 'iter_9.pth', ref)
     # --resume CHECKPOINT names the cut file: one clear message, no traceback
-    rc, out, err = run_tool(_train(config, work, '--resume', str(work / 'iter_9.pth'), *SEED))
+    rc, out, err = _run_train(config, work, '--resume', str(work / 'iter_9.pth'), *SEED)
     assert rc == 1 and 'Traceback' not in out, out[-3000:]
     assert 'iter_9.pth is truncated or corrupt' in err
     # --resume alone: the newest complete checkpoint, then one more iteration
-    rc, out, _ = run_tool(_train(config, work, '--resume', *SEED, 'train_cfg.max_iters=7'))
+    rc, out, _ = _run_train(config, work, '--resume', *SEED, 'train_cfg.max_iters=7')
     ok(rc, out)
     assert 'skipping' in out and 'resumed epoch: 0, iter: 6' in out
     assert osp.isfile(work / 'iter_7.pth')
@@ -162,15 +187,12 @@ def test_resume_of_a_cut_save_and_an_explicit_damaged_file(reference, tmp_path):
 DDP_ITERS, DDP_INTERVAL = 6, 2
 
 
-def _ddp_config(root, shapes, dump_dir):
+def _ddp_config(root, shapes, dump_dir, name, *hooks):
     """The resumable Mask R-CNN for 2 processes (4 images, 1 per process and step: 2 steps
     an epoch); every process saves the state dict it ends with into ``dump_dir``."""
-    path = resumable_mask_rcnn(root, shapes + '/', DDP_ITERS, DDP_INTERVAL, name='ddp.py')
-    with open(path, 'a') as f:
-        f.write("custom_imports = dict(imports=['mmplugin_inline', 'helpers.rank_state'], "
-                "allow_failed_imports=False)\n"
-                f"custom_hooks = [dict(type='SaveRankStateHook', out_dir={str(dump_dir)!r})]\n")
-    return path
+    path = resumable_mask_rcnn(root, shapes + '/', DDP_ITERS, DDP_INTERVAL)
+    return _with_hooks(path, name, dict(type='SaveRankStateHook', out_dir=str(dump_dir)),
+                       *hooks)
 
 
 def _ranks_agree(dump_dir, checkpoint):
@@ -188,20 +210,24 @@ def _ranks_agree(dump_dir, checkpoint):
 def test_two_processes_hold_the_same_weights_and_resume_to_them(shapes, tmp_path):
     from helpers.runs import dist_train_args
     ref, killed = tmp_path / 'ref', tmp_path / 'killed'
-    config = _ddp_config(tmp_path, shapes, tmp_path / 'dump_ref')
+    config = _ddp_config(tmp_path, shapes, tmp_path / 'dump_ref', 'ddp_ref.py')
     args, env = dist_train_args(config, ref, *SEED)
-    rc, out, _ = run_tool(args, env=env)
+    rc, out, _ = run_tool(args, env=env, timeout=TIMEOUT)
     ok(rc, out)
     assert 'Distributed training: True' in out
     _ranks_agree(tmp_path / 'dump_ref', ref / f'iter_{DDP_ITERS}.pth')
 
-    # torchrun and both workers killed once step 3 is logged (past the checkpoint at 2)
-    config = _ddp_config(tmp_path, shapes, tmp_path / 'dump_resumed')
-    args, env = dist_train_args(config, killed, *SEED)
-    rc, out = kill_when_logged(args, f'Iter(train) [3/{DDP_ITERS}]', env=env, group=True)
-    assert rc == -9 and not osp.exists(killed / f'iter_{DDP_ITERS}.pth'), out[-3000:]
+    # torchrun and both workers killed after step 3 (past the checkpoint at 2)
+    pausing = _ddp_config(tmp_path, shapes, tmp_path / 'dump_killed', 'ddp_pausing.py',
+                          dict(type='PauseHook', after_iter=3))
+    args, env = dist_train_args(pausing, killed, *SEED)
+    rc, out = kill_when_logged(args, f'{PAUSED} 3', env=env, group=True, timeout=TIMEOUT)
+    assert rc == -9, out[-3000:]
+    with open(killed / 'last_checkpoint') as f:
+        assert f.read().strip() == str(killed / 'iter_2.pth')
+    config = _ddp_config(tmp_path, shapes, tmp_path / 'dump_resumed', 'ddp_resumed.py')
     args, env = dist_train_args(config, killed, '--resume', *SEED)
-    rc, out, _ = run_tool(args, env=env)
+    rc, out, _ = run_tool(args, env=env, timeout=TIMEOUT)
     ok(rc, out)
     assert 'resumed epoch: 0, iter: 2' in out, out[-3000:]
     _ranks_agree(tmp_path / 'dump_resumed', killed / f'iter_{DDP_ITERS}.pth')
@@ -256,3 +282,76 @@ def test_time_budget_follows_rank_0_clock_under_ddp():
     # rank 1's own clock is past the 30 s budget: alone it would stop after one iteration
     assert rank0[0][1] > 1
     assert rank1 == rank0  # the same learning rates and iteration ceilings on both
+
+
+# --------------------------------------------------------------------------- epochs, in process
+
+class _NoisyData:
+    """Six samples whose second feature is drawn from numpy's global generator, as an
+    augmentation draws it."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        import numpy as np
+        import torch
+        return dict(inputs=torch.tensor([float(i), np.random.rand()]))
+
+
+def _epoch_runner(work, max_epochs, hooks, load_from=None):
+    import torch
+    import torch.nn as nn
+    from mmengine.evaluator import BaseMetric
+    from mmengine.model import BaseModel
+    from mmengine.runner import Runner
+
+    class Dropout(BaseModel):  # draws from torch's global generator
+        def __init__(self):
+            super().__init__()
+            self.fc, self.drop = nn.Linear(2, 1), nn.Dropout(0.5)
+
+        def forward(self, inputs, data_samples=None, mode='tensor'):
+            out = self.fc(self.drop(inputs))
+            return dict(loss=out.square().mean()) if mode == 'loss' else [dict()] * len(out)
+
+    class Nothing(BaseMetric):
+        def process(self, data_batch, data_samples):
+            self.results.append(0)
+
+        def compute_metrics(self, results):
+            return dict(n=len(results))
+
+    torch.manual_seed(0)  # the model is built here, before the Runner seeds the generators
+    model = Dropout()
+    loader = dict(dataset=_NoisyData(), batch_size=2, collate_fn=dict(type='default_collate'),
+                  sampler=dict(type='DefaultSampler', shuffle=True))
+    return Runner(
+        model=model, work_dir=str(work), train_dataloader=loader,
+        train_cfg=dict(by_epoch=True, max_epochs=max_epochs, val_interval=1),
+        val_dataloader=dict(loader, sampler=dict(type='DefaultSampler', shuffle=False)),
+        val_cfg=dict(), val_evaluator=[Nothing()],
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9)),
+        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1)),
+        custom_hooks=hooks, randomness=dict(seed=3, deterministic=True),
+        resume=load_from is not None, load_from=load_from)
+
+
+def test_an_epoch_loop_resumes_to_the_same_weights_with_the_random_state(tmp_path):
+    """Epoch loop with validation after each epoch: the random state is restored at the
+    start of the next epoch; without the hook the resumed run draws other numbers."""
+    import torch
+    from mmengine.registry import DefaultScope
+
+    import mmplugin_inline  # noqa: F401  (the hook, and the checkpoints' allow-list)
+    hook = [dict(type='mmplugin_inline.RandomStateHook')]
+    with DefaultScope.overwrite_default_scope('mmengine'):
+        _epoch_runner(tmp_path / 'ref', 3, hook).train()
+        _epoch_runner(tmp_path / 'cut', 1, hook).train()
+        first = str(tmp_path / 'cut' / 'epoch_1.pth')
+        _epoch_runner(tmp_path / 'cut', 3, hook, load_from=first).train()
+        _epoch_runner(tmp_path / 'plain', 3, [], load_from=first).train()
+    ref, cut, plain = (torch.load(tmp_path / d / 'epoch_3.pth', weights_only=True)['state_dict']
+                       for d in ('ref', 'cut', 'plain'))
+    assert all(torch.equal(ref[k], cut[k]) for k in ref)
+    assert not all(torch.equal(ref[k], plain[k]) for k in ref)

@@ -104,7 +104,7 @@ def kill_when_logged(args, needle: str, cwd=REPO, timeout=300, env=None, group=F
 
 def dist_train_args(config, work: str, *extra, nproc: int = 2):
     """(args, env) of ``tools/dist_train.sh CONFIG NPROC --work-dir WORK EXTRA...`` on CPU
-    processes, with ``tests/`` importable (for ``helpers.rank_state``)."""
+    processes, with ``tests/`` importable (for ``helpers.run_hooks``)."""
     args = ['bash', osp.join(REPO, 'tools/dist_train.sh'), str(config), str(nproc),
             '--work-dir', str(work), *extra]
     env = dict(PYTHON=PYTHON, PORT=str(free_port()), OMP_NUM_THREADS='1',
