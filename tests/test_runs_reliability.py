@@ -221,7 +221,7 @@ def test_two_processes_hold_the_same_weights_and_resume_to_them(shapes, tmp_path
     pausing = _ddp_config(tmp_path, shapes, tmp_path / 'dump_killed', 'ddp_pausing.py',
                           dict(type='PauseHook', after_iter=3))
     args, env = dist_train_args(pausing, killed, *SEED)
-    rc, out = kill_when_logged(args, f'{PAUSED} 3', env=env, group=True, timeout=TIMEOUT)
+    rc, out = kill_when_logged(args, f'{PAUSED} 3', env=env, tree=True, timeout=TIMEOUT)
     assert rc == -9, out[-3000:]
     with open(killed / 'last_checkpoint') as f:
         assert f.read().strip() == str(killed / 'iter_2.pth')

@@ -72,24 +72,25 @@ def dist_train_two_processes(config, work: str) -> str:
     return out
 
 
-def kill_when_logged(args, needle: str, cwd=REPO, timeout=300, env=None, group=False):
+def kill_when_logged(args, needle: str, cwd=REPO, timeout=300, env=None, tree=False):
     """Start a tool as a subprocess and SIGKILL it as soon as a line of its output
     contains ``needle``; return (returncode, output). The output read after the kill
-    (what the pipe still held) is included. ``group``: the tool runs in a session of its
-    own and the whole process group is killed (torchrun and its workers)."""
+    (what the pipe still held) is included. ``tree``: its child processes are killed
+    too, at the same moment (torchrun starts each worker in a session of its own)."""
     full_env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS='2')
     full_env.update(env or {})
     proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=full_env, start_new_session=group)
+                            text=True, env=full_env)
     lines, deadline = [], time.monotonic() + timeout
     try:
         for line in proc.stdout:
             lines.append(line)
             if needle in line:
-                if group:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                else:
-                    os.kill(proc.pid, signal.SIGKILL)
+                for pid in [proc.pid] + (_descendants(proc.pid) if tree else []):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:  # it ended in the meantime
+                        pass
                 break
             if time.monotonic() > deadline:
                 break
@@ -100,6 +101,16 @@ def kill_when_logged(args, needle: str, cwd=REPO, timeout=300, env=None, group=F
         proc.wait()
         proc.stdout.close()
     return proc.returncode, ''.join(lines)
+
+
+def _descendants(pid: int) -> list:
+    """The ids of every process below ``pid`` (Linux ``/proc``)."""
+    found = []
+    for task in glob.glob(f'/proc/{pid}/task/*/children'):
+        with open(task) as f:
+            for child in f.read().split():
+                found += [int(child)] + _descendants(int(child))
+    return found
 
 
 def dist_train_args(config, work: str, *extra, nproc: int = 2):
