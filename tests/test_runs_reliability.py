@@ -238,8 +238,9 @@ def test_two_processes_hold_the_same_weights_and_resume_to_them(shapes, tmp_path
 # --------------------------------------------------------------------------- time budget, DDP
 
 def _budget_rank(rank, port, skew_s, results):
-    """One of two gloo processes running TimeBudgetHook on a stand-in runner; rank 1's
-    clock runs ``skew_s`` ahead (a late start, a slower process)."""
+    """One of two gloo processes running TimeBudgetHook on a stand-in runner; once
+    training has started, rank 1's clock jumps ``skew_s`` ahead (its own reading of the
+    budget is used up: a process that started its clock earlier, or was held up)."""
     from types import SimpleNamespace
     from unittest import mock
 
@@ -250,8 +251,8 @@ def _budget_rank(rank, port, skew_s, results):
     dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
                             world_size=2)
     try:
-        offset = skew_s if rank == 1 else 0.0
-        with mock.patch.object(time, 'monotonic', lambda: time.perf_counter() + offset):
+        offset = [0.0]
+        with mock.patch.object(time, 'monotonic', lambda: time.perf_counter() + offset[0]):
             group = dict(params=[torch.zeros(1)], lr=0.1)
             loop = SimpleNamespace(max_iters=100, _max_iters=100)
             runner = SimpleNamespace(iter=0, train_loop=loop, logger=mock.Mock(),
@@ -259,6 +260,7 @@ def _budget_rank(rank, port, skew_s, results):
                                          optimizer=SimpleNamespace(param_groups=[group])))
             hook = TimeBudgetHook(budget_s=30.0, warmup_iters=0)
             hook.before_train(runner)
+            offset[0] = skew_s if rank == 1 else 0.0
             seen = []
             for it in range(3):
                 runner.iter = it
