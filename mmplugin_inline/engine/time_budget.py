@@ -2,6 +2,8 @@
 import math
 import time
 
+import torch
+from mmengine.dist import broadcast, get_world_size
 from mmengine.hooks import Hook
 
 from mmplugin_inline.registry import HOOKS
@@ -26,6 +28,9 @@ class TimeBudgetHook(Hook):
     rates); ``budget_s``, ``max_iters`` and the warm-up come from the config, so a longer
     budget there extends a finished run. ``load_from`` (weights only) starts afresh.
 
+    Under DDP every process reads rank 0's clock (broadcast twice an iteration), so all
+    of them set the same learning rate and stop after the same iteration.
+
     Args:
         budget_s (float): seconds of training (validation time included).
         warmup_iters (int): linear warm-up length. Default: 100.
@@ -48,6 +53,15 @@ class TimeBudgetHook(Hook):
 
     def elapsed(self) -> float:
         return time.monotonic() - self._start
+
+    def shared_elapsed(self) -> float:
+        """:meth:`elapsed` of rank 0, on every process (a broadcast under DDP)."""
+        elapsed = self.elapsed()
+        if get_world_size() > 1:
+            value = torch.tensor([elapsed], dtype=torch.float64)
+            broadcast(value, src=0)
+            elapsed = float(value.item())
+        return elapsed
 
     def lr_factor(self, it: int, elapsed: float) -> float:
         """Warm-up factor (by iteration) times the cosine factor (by time)."""
@@ -106,14 +120,14 @@ class TimeBudgetHook(Hook):
         self._loaded = None if state is None or done is None else (state, done)
 
     def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
-        factor = self.lr_factor(runner.iter, self.elapsed())
+        factor = self.lr_factor(runner.iter, self.shared_elapsed())
         for group, base in zip(runner.optim_wrapper.optimizer.param_groups, self._base_lrs):
             group['lr'] = base * factor
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         loop = runner.train_loop
         done = runner.iter + 1                      # iterations finished so far
-        elapsed = self.elapsed()
+        elapsed = self.shared_elapsed()
         if elapsed >= self.budget_s:
             loop._max_iters = done                  # validate, save and stop after this one
             return

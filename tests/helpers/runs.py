@@ -1,10 +1,14 @@
 """Running the repository's tools as users do: as subprocesses, or their scripts as modules."""
+import glob
 import importlib.util
+import json
 import os
 import os.path as osp
+import signal
 import socket
 import subprocess
 import sys
+import time
 
 from mmplugin_inline.loading import load_run_checkpoint
 
@@ -66,3 +70,82 @@ def dist_train_two_processes(config, work: str) -> str:
     assert 'Epoch(train) [1][2/2]' in out
     assert checkpoint_meta(osp.join(work, 'epoch_1.pth'))['iter'] == 2
     return out
+
+
+def kill_when_logged(args, needle: str, cwd=REPO, timeout=300, env=None, tree=False):
+    """Start a tool as a subprocess and SIGKILL it as soon as a line of its output
+    contains ``needle``; return (returncode, output). The output read after the kill
+    (what the pipe still held) is included. ``tree``: its child processes are killed
+    too, at the same moment (torchrun starts each worker in a session of its own)."""
+    full_env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS='2')
+    full_env.update(env or {})
+    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=full_env)
+    lines, deadline = [], time.monotonic() + timeout
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if needle in line:
+                for pid in [proc.pid] + (_descendants(proc.pid) if tree else []):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:  # it ended in the meantime
+                        pass
+                break
+            if time.monotonic() > deadline:
+                break
+        lines += proc.stdout.readlines()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    return proc.returncode, ''.join(lines)
+
+
+def _descendants(pid: int) -> list:
+    """The ids of every process below ``pid`` (Linux ``/proc``)."""
+    found = []
+    for task in glob.glob(f'/proc/{pid}/task/*/children'):
+        with open(task) as f:
+            for child in f.read().split():
+                found += [int(child)] + _descendants(int(child))
+    return found
+
+
+def dist_train_args(config, work: str, *extra, nproc: int = 2):
+    """(args, env) of ``tools/dist_train.sh CONFIG NPROC --work-dir WORK EXTRA...`` on CPU
+    processes, with ``tests/`` importable (for ``helpers.run_hooks``)."""
+    args = ['bash', osp.join(REPO, 'tools/dist_train.sh'), str(config), str(nproc),
+            '--work-dir', str(work), *extra]
+    env = dict(PYTHON=PYTHON, PORT=str(free_port()), OMP_NUM_THREADS='1',
+               PYTHONPATH=REPO + os.pathsep + osp.join(REPO, 'tests'))
+    return args, env
+
+
+def train_losses(work_dir):
+    """{iteration: loss} of every training line of WORK_DIR/*/vis_data/scalars.json
+    (several runs in one work directory: the later run's line wins)."""
+    losses = {}
+    for path in sorted(glob.glob(osp.join(work_dir, '*', 'vis_data', 'scalars.json'))):
+        with open(path) as f:
+            for line in f:
+                entry = json.loads(line) if line.strip() else {}
+                if 'loss' in entry:
+                    losses[entry['iter']] = entry['loss']
+    return losses
+
+
+def max_weight_difference(path_a, path_b):
+    """Largest absolute difference between the state dicts of two run checkpoints (also
+    checks they have the same keys and shapes)."""
+    a, b = (load_run_checkpoint(p, map_location='cpu')['state_dict'] for p in (path_a, path_b))
+    assert a.keys() == b.keys()
+    worst = 0.0
+    for key, value in a.items():
+        assert value.shape == b[key].shape, key
+        if value.is_floating_point():
+            worst = max(worst, (value - b[key]).abs().max().item() if value.numel() else 0.0)
+        else:
+            worst = max(worst, float((value != b[key]).any()))
+    return worst

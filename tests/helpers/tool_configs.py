@@ -48,3 +48,21 @@ def tiny_sem_fpn(directory):
         f"model = dict(\n    pretrained=None,\n    backbone=dict(_delete_=True, **{TINY_PVT}),\n"
         "    neck=dict(in_channels=[16, 32, 48, 64], out_channels=32),\n"
         "    decode_head=dict(in_channels=[32, 32, 32, 32], channels=32))\n"))
+
+
+def resumable_mask_rcnn(directory, data_root, max_iters, interval,
+                        name='resumable_mask_rcnn.py'):
+    """The tiny Mask R-CNN of ``det_run_config`` on the shapes set, 1 image per step, in an
+    ``IterBasedTrainLoop`` of ``max_iters`` with a checkpoint every ``interval``
+    iterations, a warm-up that a resumed run must continue, and validation at
+    ``2 * interval`` (right after a checkpoint) and at the end. No ``randomness``: the
+    runs pass it with ``--cfg-options``."""
+    from .runs import DET_CONFIG
+    from .tiny_models import det_run_config
+    return _write(directory, name, det_run_config(DET_CONFIG, data_root, batch_size=1) + f"""
+train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters={max_iters},
+                 val_interval={2 * interval})
+param_scheduler = [dict(type='LinearLR', start_factor=0.1, by_epoch=False, begin=0, end=10)]
+default_hooks['checkpoint'] = dict(type='CheckpointHook', by_epoch=False, interval={interval})
+log_processor = dict(by_epoch=False, window_size=1)
+""")
