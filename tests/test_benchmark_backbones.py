@@ -13,7 +13,8 @@ bench = load_script('tools/analysis_tools/benchmark_backbones.py')
 def test_a_quick_run_writes_the_table_json_and_plots(tmp_path):
     out = bench.main(['--families', 'pvt', '--sizes', '32x32', '48x64', '--modes', 'infer',
                       'train', '--with-cp', 'none', 'mlp', '--repeats', '1',
-                      '--gemm-size', '64', '--out-dir', str(tmp_path)])
+                      '--gemm-size', '128', '--max-call-s', '1e6',
+                      '--out-dir', str(tmp_path)])
     rows = out['results']
     # infer: ours and mmdet's PVT-T; train: also ours with with_cp='mlp'; two sizes each
     assert len(rows) == 2 * (2 + 3)
