@@ -342,8 +342,12 @@ def plot(results, out_dir):
     paths = []
     for key, ylabel, fname in (('time_ms', 'time (ms)', 'time_vs_pixels.png'),
                                ('peak_mb', 'peak extra memory (MiB)', 'memory_vs_pixels.png')):
-        fig, axes = plt.subplots(1, 2, figsize=(14, 5))
-        for ax, mode in zip(axes, MODES):
+        modes = [m for m in MODES if any(r['mode'] == m and r.get(key) is not None
+                                         for r in results if r['case'] == 'sizes')]
+        if not modes:
+            continue
+        fig, axes = plt.subplots(1, len(modes), figsize=(7 * len(modes), 5), squeeze=False)
+        for ax, mode in zip(axes[0], modes):
             for (m, model), rows in sorted(groups.items()):
                 rows = [r for r in rows if r.get(key) is not None]
                 if m != mode or not rows:
