@@ -11,7 +11,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmplugin_inline.checkpoint import load_pretrained
 from mmplugin_inline.core import nlc_to_nchw
-from mmplugin_inline.models.layers import (contiguous_map, parse_block_types,
+from mmplugin_inline.models.layers import (check_with_cp, contiguous_map, parse_block_types,
                                            stochastic_depth_rates)
 from mmplugin_inline.registry import MODELS
 
@@ -94,6 +94,8 @@ class InLineBackbone(BaseModule):
     ``frozen_stages``: -1 freezes nothing; 0 the stem (first patch embedding); ``k``
     the stem and the first ``k`` stages. It holds after ``train()``. ``norm_eval``
     keeps BatchNorm layers (if any are configured) in eval mode during training.
+    ``with_cp``: False, True, 'mlp' or 'attn' (see the families' docstrings; anything
+    else is a ValueError naming these).
     ``init_cfg=dict(type='Pretrained', checkpoint=PATH)`` loads the authors' released
     classification checkpoint (see :mod:`mmplugin_inline.checkpoint`).
 
@@ -111,10 +113,11 @@ class InLineBackbone(BaseModule):
     checkpoint_buffers: Optional[str] = None
     checkpoint_renames: Tuple[Tuple[str, str], ...] = ()
 
-    def __init__(self, frozen_stages: int = -1, norm_eval: bool = False, with_cp: bool = False,
+    def __init__(self, frozen_stages: int = -1, norm_eval: bool = False, with_cp=False,
                  init_cfg=None, in_channels: int = 3, check_finite: bool = False):
         super().__init__(init_cfg=init_cfg)
-        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
+        self.frozen_stages, self.norm_eval = frozen_stages, norm_eval
+        self.with_cp = check_with_cp(with_cp, type(self).__name__)
         self.in_channels, self.check_finite = in_channels, check_finite
         self.register_forward_hook(fp32_outputs_under_autocast)
 

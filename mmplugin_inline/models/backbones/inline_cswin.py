@@ -58,8 +58,11 @@ class InLineCSWinTransformer(InLineBackbone):
         drop_path_rate (float): Default: 0.2.
         out_indices (Sequence[int]): Default: (0, 1, 2, 3).
         out_norm (bool): LayerNorm on each output. Default: True.
-        frozen_stages, norm_eval, with_cp, init_cfg, check_finite: see
-            :class:`InLineBackbone`.
+        frozen_stages, norm_eval, init_cfg, check_finite: see :class:`InLineBackbone`.
+        with_cp (bool | str): gradient checkpointing while training: False keeps
+            every activation; True recomputes each whole block in the backward pass;
+            'mlp' only the norm2 + MLP half of each block (its widest activations);
+            'attn' only the norm1 + attention half. Default: False.
         norm_cfg (dict): Default: ``dict(type='LN')``.
 
     Outputs: tuple of NCHW maps with ``embed_dim * 2**i`` channels at stride ``4 * 2**i``.

@@ -46,8 +46,12 @@ class InLineDeiT(InLineBackbone):
             logged. Default: False.
         frozen_stages (int): 0 freezes the patch embedding, cls token and position
             embedding; k also the first k blocks. Default: -1.
-        norm_eval, with_cp, init_cfg, check_finite: see :class:`InLineBackbone`
+        norm_eval, init_cfg, check_finite: see :class:`InLineBackbone`
             (``check_finite`` counts blocks: block k is ``blocks[k - 1]``).
+        with_cp (bool | str): gradient checkpointing while training: False keeps
+            every activation; True recomputes each whole block in the backward pass;
+            'mlp' only the norm2 + MLP half of each block (its widest activations);
+            'attn' only the norm1 + attention half. Default: False.
         norm_cfg (dict): Default: ``dict(type='LN', eps=1e-6)``.
     """
     arch_settings = {

@@ -5,6 +5,12 @@ import torch
 import torch.nn as nn
 from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmcv.cnn.bricks.drop import DropPath
+from torch.utils.checkpoint import checkpoint
+
+try:  # selective checkpointing (torch >= 2.4); without it 'mlp' recomputes the whole half
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+except ImportError:  # pragma: no cover
+    create_selective_checkpoint_contexts = None
 
 from .attention import ATTN_TYPES, describe_attn_types
 
@@ -49,21 +55,93 @@ class TransformerBlock(nn.Module):
         self.norm2 = build_norm_layer(norm_cfg, dim)[1]
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_cfg, drop)
 
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        """x: [B, N, C]; hw: the (H, W) of the map the tokens form."""
+    def attn_branch(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        """The first residual branch, ``DP(attn(LN(x)))`` (what ``with_cp='attn'`` recomputes)."""
         normed = self.norm1(x)
         mixed = self.attn(normed, hw, shortcut=x) if self.pass_block_input else \
             self.attn(normed, hw)
-        x = x + self.drop_path(mixed)
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        return self.drop_path(mixed)
+
+    def mlp_branch(self, x: torch.Tensor) -> torch.Tensor:
+        """The second residual branch, ``DP(MLP(LN(x)))`` (what ``with_cp='mlp'`` recomputes)."""
+        return self.drop_path(self.mlp(self.norm2(x)))
+
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int], with_cp=False) -> torch.Tensor:
+        """x: [B, N, C]; hw: the (H, W) of the map the tokens form.
+
+        ``with_cp`` ('attn' or 'mlp'; see :data:`WITH_CP_MODES`) recomputes that branch in
+        the backward pass instead of keeping its activations (only when ``x`` needs a
+        gradient). The branch input is kept ('mlp' also keeps the C-wide outputs of norm2
+        and fc2, so that only fc1 and the activation are recomputed: see
+        :func:`_narrow_outputs_policy`); the residual addition is outside the recomputed
+        part (an addition keeps nothing for its backward). The RNG state is restored for
+        the recomputation, so drop-path draws the same mask.
+        """
+        cp = with_cp if x.requires_grad else False
+        if cp == 'attn':
+            x = x + checkpoint(self.attn_branch, x, hw, use_reentrant=False)
+        else:
+            x = x + self.attn_branch(x, hw)
+        if cp == 'mlp':
+            return x + checkpoint(self.mlp_branch, x, use_reentrant=False,
+                                  context_fn=_keep_narrow_outputs)
+        return x + self.mlp_branch(x)
 
 
-def run_blocks(blocks, x: torch.Tensor, hw: Tuple[int, int], with_cp: bool = False) -> torch.Tensor:
-    """Apply ``blocks`` in order, with gradient checkpointing when ``with_cp`` and training."""
-    from torch.utils.checkpoint import checkpoint
+def _narrow_outputs_policy(ctx, op, *args, **kwargs):
+    """Keep the outputs of matrix products that narrow their input (the MLP's ``fc2``) and
+    of layer norms; recompute the rest (``fc1`` and the activation, 8x wide in PVT's
+    stage 1). The backward then redoes one of the MLP's two products, not both: the
+    recomputation stops once ``fc2``'s saved input (the activation) is rebuilt, and
+    ``fc2`` itself is looked up, not run again."""
+    aten = torch.ops.aten
+    if op in (aten.addmm.default, aten.mm.default):
+        a, b = args[-2:]
+        if b.shape[-1] < a.shape[-1]:
+            return CheckpointPolicy.MUST_SAVE
+    if op is aten.native_layer_norm.default:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _keep_narrow_outputs():
+    if create_selective_checkpoint_contexts is None:  # pragma: no cover
+        from contextlib import nullcontext
+        return nullcontext(), nullcontext()
+    return create_selective_checkpoint_contexts(_narrow_outputs_policy)
+
+
+#: the values of a backbone's ``with_cp``: no recomputation, the whole block, or the
+#: norm + attention half / the norm + MLP half of every block
+WITH_CP_MODES = (False, True, 'attn', 'mlp')
+WITH_CP_DOC = ("with_cp (bool | str): gradient checkpointing while training: False keeps "
+               "every activation; True recomputes each whole block in the backward pass; "
+               "'mlp' only the norm2 + MLP half of each block (its widest activations); "
+               "'attn' only the norm1 + attention half. Default: False.")
+
+
+def check_with_cp(with_cp, owner: str = 'with_cp'):
+    """``with_cp`` if it is one of :data:`WITH_CP_MODES`, else a ValueError naming them."""
+    if isinstance(with_cp, bool) or (isinstance(with_cp, str) and with_cp in ('attn', 'mlp')):
+        return with_cp
+    raise ValueError(f"{owner}: with_cp must be one of False, True, 'attn' or 'mlp' (False: "
+                     "no recomputation, True: whole blocks, 'attn' / 'mlp': the attention / "
+                     f"MLP half of each block), got {with_cp!r}")
+
+
+def run_blocks(blocks, x: torch.Tensor, hw: Tuple[int, int], with_cp=False) -> torch.Tensor:
+    """Apply ``blocks`` in order, recomputing what ``with_cp`` says while training.
+
+    ``with_cp`` is one of :data:`WITH_CP_MODES`: True checkpoints each whole block,
+    'attn' / 'mlp' that half of each block (:meth:`TransformerBlock.forward`). Nothing is
+    recomputed when ``x`` needs no gradient (inference, frozen stages).
+    """
+    check_with_cp(with_cp)
     for blk in blocks:
-        if with_cp and x.requires_grad:
+        if with_cp is True and x.requires_grad:
             x = checkpoint(blk, x, hw, use_reentrant=False)
+        elif with_cp:
+            x = blk(x, hw, with_cp)
         else:
             x = blk(x, hw)
     return x

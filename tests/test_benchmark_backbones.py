@@ -1,0 +1,58 @@
+"""tools/analysis_tools/benchmark_backbones.py on tiny cases: the race's outputs (JSON,
+table, plots), the with_cp rows, the skip rule and the Swin window sweep's windows."""
+import json
+
+import pytest
+import torch
+
+from helpers.runs import load_script
+
+bench = load_script('tools/analysis_tools/benchmark_backbones.py')
+
+
+def test_a_quick_run_writes_the_table_json_and_plots(tmp_path):
+    out = bench.main(['--families', 'pvt', '--sizes', '32x32', '48x64', '--modes', 'infer',
+                      'train', '--with-cp', 'none', 'mlp', '--repeats', '1',
+                      '--gemm-size', '128', '--max-call-s', '1e6',
+                      '--out-dir', str(tmp_path)])
+    rows = out['results']
+    # infer: ours and mmdet's PVT-T; train: also ours with with_cp='mlp'; two sizes each
+    assert len(rows) == 2 * (2 + 3)
+    assert {(r['model'], r['mode']) for r in rows} == {
+        ('InLine-PVT-T', 'infer'), ('PVT-T (mmdet)', 'infer'), ('InLine-PVT-T', 'train'),
+        ('PVT-T (mmdet)', 'train'), ('InLine-PVT-T with_cp=mlp', 'train')}
+    for r in rows:
+        assert r['time_ms'] > 0 and r['peak_mb'] > 0 and r['gflops'] > 0
+        assert r['gflop_per_s'] > 0 and r['of_gemm'] > 0
+    ours = {(r['size'], r['mode']): r for r in rows if r['model'] == 'InLine-PVT-T'}
+    cp = {r['size']: r for r in rows if r['model'] == 'InLine-PVT-T with_cp=mlp'}
+    # a training step is counted as three forwards; recomputation changes no count
+    assert ours['32x32', 'train']['gflops'] == pytest.approx(3 * ours['32x32', 'infer']['gflops'])
+    assert ours['48x64', 'infer']['gflops'] > ours['32x32', 'infer']['gflops']
+    assert cp['48x64']['gflops'] == ours['48x64', 'train']['gflops']
+    saved = json.loads((tmp_path / 'results.json').read_text())
+    assert len(saved['results']) == len(rows) and saved['env']['gemm_gflop_per_s'] > 0
+    table = (tmp_path / 'results.md').read_text()
+    assert '| pvt | 48x64 | train |' in table and '| InLine-PVT-T | 48x64 | mlp |' in table
+    assert 'fitted slope' in table
+    for name in ('time_vs_pixels.png', 'memory_vs_pixels.png'):
+        assert (tmp_path / name).read_bytes()[:4] == b'\x89PNG'
+
+
+def test_sizes_predicted_over_the_caps_are_skipped_with_the_reason():
+    history = [dict(pixels=100, time_ms=10.0, peak_mb=10.0),
+               dict(pixels=400, time_ms=160.0, peak_mb=40.0)]      # time ~ pixels^2
+    assert bench.predicted_over(history, 800, max_s=1.0, max_mb=1e6) is None   # 0.64 s
+    assert 'max-call-s' in bench.predicted_over(history, 1600, max_s=1.0, max_mb=1e6)
+    assert 'max-memory-gb' in bench.predicted_over(history, 800, max_s=1e3, max_mb=100)
+    assert bench.predicted_over([], 10 ** 9, max_s=1e-3, max_mb=1) is None
+
+
+def test_window_sweep_cuts_windows_to_each_stage_map():
+    models = bench.window_models(28, (112, 112))                 # stage maps 28, 14, 7, 4
+    for name, model in models.items():
+        sizes = [layer.blocks[0].attn.window_size for layer in model.layers]
+        assert sizes == [28, 14, 7, 4], name
+        with torch.no_grad():
+            outs = model.eval()(torch.randn(1, 3, 112, 112))
+        assert [o.shape[-1] for o in outs] == [28, 14, 7, 4]
