@@ -133,6 +133,13 @@ def test_backbone_benchmark_on_cuda(tmp_path):
     assert list(tmp_path.rglob('*.json')), f'no JSON result in {tmp_path}:\n{out[-3000:]}'
 
 
+def test_the_gpu_benchmark_case_uses_options_the_benchmark_accepts():
+    """Runs on CPU: the case make gpu-check runs parses with the tool's own parser."""
+    tool = load_script(gpu_check.BENCHMARK)
+    args = tool.parse_args(shlex.split(gpu_check.BENCHMARK_ARGS))
+    assert args.device == 'cuda' and args.families == ['pvt']
+
+
 # -- make gpu-check: its report, tested without a GPU -------------------------------------
 
 @pytest.mark.skipif(HAS_CUDA, reason='this machine has a GPU: the no-GPU path does not run')
