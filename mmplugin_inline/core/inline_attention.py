@@ -7,6 +7,10 @@ For one head with N tokens, width d and s = d^-0.5 (see ``core/README.md``)::
 and because the centred keys sum to zero, M = phi(K)^T V - N mean(phi(K)) mean(V)^T:
 one N-long matmul and two column means, then a d x d correction. All of it runs in
 fp32 (fp64 stays fp64) with autocast off; the result comes back in the input dtype.
+
+With a ``key_mask`` (padded windows), the masked keys leave every statistic: N is the
+number of valid keys of each group, and the masked rows of phi(K) and V are zeroed
+before the same products (``core/README.md``, "Masked keys").
 """
 from typing import Optional
 
@@ -32,6 +36,18 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError('InLine attention needs at least one key token (N = 0)')
 
 
+def _key_mask_column(key_mask: torch.Tensor, k: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``key_mask`` ([B, N] or [B, heads, N]) as a 0 / 1 column [B * heads, N, 1]."""
+    b, h, n, _ = k.shape
+    if key_mask.dim() == 2:
+        key_mask = key_mask.unsqueeze(1)
+    if key_mask.dim() != 3 or key_mask.shape[0] != b or key_mask.shape[1] not in (1, h) \
+            or key_mask.shape[2] != n:
+        raise ValueError(f'key_mask must be [B, N] = [{b}, {n}] or [B, heads, N] = '
+                         f'[{b}, {h}, {n}], got {tuple(key_mask.shape)}')
+    return key_mask.to(dtype).expand(b, h, n).reshape(b * h, n, 1)
+
+
 class _CentredLinearAttention(torch.autograd.Function):
     """``out = mean(V) + c * Q [K^T (I - 11^T/N) V]`` with a hand-written backward.
 
@@ -40,10 +56,15 @@ class _CentredLinearAttention(torch.autograd.Function):
     added in place to the matmuls' outputs (autograd would expand the mean's gradient
     into a temporary and add it in extra passes).
     Inputs are [G, N, d] (heads folded into G), already in the compute dtype.
+    ``counts`` is None (every key counts) or the number of valid keys per group,
+    [G, 1, 1], with the invalid rows of k and v already zero: then N is a per-group
+    tensor and the same formulas hold (``core/README.md``, "Masked keys").
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, scale):
+    def forward(ctx, q, k, v, scale, counts=None):
+        if counts is not None:
+            return _CentredLinearAttention._forward_masked(ctx, q, k, v, scale, counts)
         # the scale is resolved here, not by the caller: a float derived from a
         # tensor's shape outside the Function breaks torch.jit tracing (FLOP counting)
         n = k.shape[1]
@@ -54,16 +75,32 @@ class _CentredLinearAttention(torch.autograd.Function):
         m = torch.baddbmm(k.transpose(1, 2) @ v, k_mean.transpose(1, 2), v_mean,
                           beta=c, alpha=-n * c)                     # [G, d, dv], scaled by c
         ctx.save_for_backward(q, k, v, m, k_mean, v_mean)
-        ctx.c = c
+        ctx.c, ctx.n = c, n
         # the mean row is added in place: baddbmm would first copy it, broadcast, into
         # the output (a slower pass over N x dv than this add)
         return torch.bmm(q, m).add_(v_mean)                       # [G, Nq, dv]
 
     @staticmethod
+    def _forward_masked(ctx, q, k, v, scale, counts):
+        """The forward with N = ``counts`` per group (zero rows of k, v are the masked keys)."""
+        c = (q.shape[-1] ** -0.5 if scale is None else scale) / counts     # [G, 1, 1]
+        k_mean = k.sum(dim=1, keepdim=True) / counts
+        v_sum = v.sum(dim=1, keepdim=True)
+        v_mean = v_sum / counts
+        # K^T V - N k_mean^T v_mean, the sums running over the valid rows only
+        m = torch.baddbmm(k.transpose(1, 2) @ v, k_mean.transpose(1, 2), v_sum,
+                          alpha=-1).mul_(c)
+        ctx.save_for_backward(q, k, v, m, k_mean, v_mean, c, counts)
+        ctx.c = ctx.n = None
+        return torch.bmm(q, m).add_(v_mean)
+
+    @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        q, k, v, m, k_mean, v_mean = ctx.saved_tensors
-        c, n = ctx.c, k.shape[1]
+        q, k, v, m, k_mean, v_mean, *masked = ctx.saved_tensors
+        # c and N: floats, or [G, 1, 1] tensors under a key mask (then the gradients of
+        # the masked rows are zeroed by the mask's product outside)
+        c, n = (ctx.c, ctx.n) if not masked else masked
         grad_q = grad_k = grad_v = None
         if ctx.needs_input_grad[0]:
             grad_q = grad @ m.transpose(1, 2)                      # [G, Nq, d]
@@ -77,14 +114,15 @@ class _CentredLinearAttention(torch.autograd.Function):
                 # dV = c (K - 1 k_mean^T) dM + 1 sum_i(grad_i)^T / N
                 row = grad.sum(dim=1, keepdim=True) / n - c * (k_mean @ grad_m)
                 grad_v = torch.bmm(k, grad_m * c).add_(row)
-        return grad_q, grad_k, grad_v, None
+        return grad_q, grad_k, grad_v, None, None
 
 
 def inline_attention(q: torch.Tensor,
                      k: torch.Tensor,
                      v: torch.Tensor,
                      kernel: str = 'identity',
-                     scale: Optional[float] = None) -> torch.Tensor:
+                     scale: Optional[float] = None,
+                     key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """InLine attention of queries ``q`` over keys ``k`` and values ``v``.
 
     Args:
@@ -94,6 +132,10 @@ def inline_attention(q: torch.Tensor,
         kernel (str): feature map phi for q and k, one of 'identity', 'relu',
             'leakyrelu', 'exp'. Default: 'identity'.
         scale (float, optional): s in the definition; defaults to d ** -0.5.
+        key_mask (Tensor, optional): which keys exist, [B, N] or [B, heads, N], true
+            (or 1) for a real key; masked keys leave the means and ``K^T V``, and N
+            becomes each group's number of real keys (at least one expected; a group
+            without any gets ``0`` out). None (default): every key, the unmasked path.
 
     Returns:
         Tensor: [B, heads, Nq, dv] in the dtype of ``q``.
@@ -106,5 +148,10 @@ def inline_attention(q: torch.Tensor,
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v = (t.reshape(b * h, t.shape[2], t.shape[3])
                    for t in (phi(q.to(dtype)), phi(k.to(dtype)), v.to(dtype)))
-        out = _CentredLinearAttention.apply(q, k, v, scale)
+        if key_mask is None:
+            out = _CentredLinearAttention.apply(q, k, v, scale)
+        else:
+            mask = _key_mask_column(key_mask, k.view(b, h, k.shape[1], -1), dtype)
+            counts = mask.sum(dim=1, keepdim=True).clamp_min(1)        # [G, 1, 1]
+            out = _CentredLinearAttention.apply(q, k * mask, v * mask, scale, counts)
     return out.view(b, h, nq, v.shape[-1]).to(out_dtype)
