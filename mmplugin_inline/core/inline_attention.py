@@ -10,6 +10,10 @@ phi(K)^T V - N mean(phi(K)) mean(V)^T is equal in exact arithmetic, but its two 
 grow as N mu^2 at a common offset mu and cancel: at mu = 1e3 and 67k tokens fp32 keeps
 no correct digit.) All of it runs in fp32 (fp64 stays fp64) with autocast off; the
 result comes back in the input dtype.
+
+With a ``key_mask`` (padded windows), the masked keys leave every statistic: N is the
+number of valid keys of each group, and the masked rows of phi(K) and V are zeroed
+before the means and the product (``core/README.md``, "Masked keys").
 """
 from typing import Optional
 
@@ -35,6 +39,18 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError('InLine attention needs at least one key token (N = 0)')
 
 
+def _key_mask_column(key_mask: torch.Tensor, k: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``key_mask`` ([B, N] or [B, heads, N]) as a 0 / 1 column [B * heads, N, 1]."""
+    b, h, n, _ = k.shape
+    if key_mask.dim() == 2:
+        key_mask = key_mask.unsqueeze(1)
+    if key_mask.dim() != 3 or key_mask.shape[0] != b or key_mask.shape[1] not in (1, h) \
+            or key_mask.shape[2] != n:
+        raise ValueError(f'key_mask must be [B, N] = [{b}, {n}] or [B, heads, N] = '
+                         f'[{b}, {h}, {n}], got {tuple(key_mask.shape)}')
+    return key_mask.to(dtype).expand(b, h, n).reshape(b * h, n, 1)
+
+
 class _CentredLinearAttention(torch.autograd.Function):
     """``out = mean(V) + c * Q [K^T (I - 11^T/N) V]`` with a hand-written backward.
 
@@ -43,24 +59,42 @@ class _CentredLinearAttention(torch.autograd.Function):
     the forward (in place of K and V), and the mean row of dV is added in place
     (autograd would expand the mean's gradient into a temporary and add it in extra
     passes). Inputs are [G, N, d] (heads folded into G), already in the compute dtype.
+
+    ``mask`` is None (every key counts) or a 0 / 1 column [G, N, 1] of the valid keys,
+    with the invalid rows of k and v already zero: N is then each group's count of valid
+    keys ([G, 1, 1]), the centred rows of the invalid keys are zeroed, and the same
+    formulas hold (``core/README.md``, "Masked keys").
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, scale):
+    def forward(ctx, q, k, v, scale, mask=None):
         # the scale is resolved here, not by the caller: a float derived from a
         # tensor's shape outside the Function breaks torch.jit tracing (FLOP counting)
-        n = k.shape[1]
-        c = (q.shape[-1] ** -0.5 if scale is None else scale) / n
-        v_mean = v.mean(dim=1, keepdim=True)                       # [G, 1, dv]
+        s = q.shape[-1] ** -0.5 if scale is None else scale
+        if mask is None:
+            n = k.shape[1]
+            k_mean = k.mean(dim=1, keepdim=True)                   # [G, 1, d]
+            v_mean = v.mean(dim=1, keepdim=True)                   # [G, 1, dv]
+        else:
+            n = mask.sum(dim=1, keepdim=True).clamp_min(1)         # [G, 1, 1] valid keys
+            k_mean = k.sum(dim=1, keepdim=True) / n
+            v_mean = v.sum(dim=1, keepdim=True) / n
+        c = s / n
         # centred before the product: K^T V - N k_mean^T v_mean is the same in exact
         # arithmetic, but at a common offset mu both terms are ~N mu^2 and cancel
         # (fp32 loses everything at mu ~ 1e3, 67k tokens); (K - k_mean)^T (V - v_mean)
         # only sums terms of the spread's size
-        k = k - k.mean(dim=1, keepdim=True)                        # K - 1 k_mean^T
+        kc = k - k_mean                                            # K - 1 k_mean^T
         vc = v - v_mean                                            # V - 1 v_mean^T
-        m = torch.bmm(k.transpose(1, 2), vc).mul_(c)               # [G, d, dv], scaled by c
-        ctx.save_for_backward(q, k, vc, m)
-        ctx.c = c
+        if mask is not None:
+            kc.mul_(mask)
+            vc.mul_(mask)
+        m = torch.bmm(kc.transpose(1, 2), vc).mul_(c)              # [G, d, dv], scaled by c
+        if mask is None:
+            ctx.save_for_backward(q, kc, vc, m)
+            ctx.c, ctx.n = c, n
+        else:
+            ctx.save_for_backward(q, kc, vc, m, c, n)
         # the mean row is added in place: baddbmm would first copy it, broadcast, into
         # the output (a slower pass over N x dv than this add)
         return torch.bmm(q, m).add_(v_mean)                       # [G, Nq, dv]
@@ -68,8 +102,10 @@ class _CentredLinearAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        q, kc, vc, m = ctx.saved_tensors                           # kc, vc: centred K, V
-        c, n = ctx.c, kc.shape[1]
+        q, kc, vc, m, *masked = ctx.saved_tensors                  # kc, vc: centred K, V
+        # c and N: floats, or [G, 1, 1] tensors under a key mask (the gradients of the
+        # masked rows are then zeroed by the mask's product outside)
+        c, n = masked if masked else (ctx.c, ctx.n)
         grad_q = grad_k = grad_v = None
         if ctx.needs_input_grad[0]:
             grad_q = grad @ m.transpose(1, 2)                      # [G, Nq, d]
@@ -81,14 +117,15 @@ class _CentredLinearAttention(torch.autograd.Function):
             if ctx.needs_input_grad[2]:
                 # dV = c (K - 1 k_mean^T) dM + 1 sum_i(grad_i)^T / N
                 grad_v = torch.bmm(kc, grad_m * c).add_(grad.sum(dim=1, keepdim=True) / n)
-        return grad_q, grad_k, grad_v, None
+        return grad_q, grad_k, grad_v, None, None
 
 
 def inline_attention(q: torch.Tensor,
                      k: torch.Tensor,
                      v: torch.Tensor,
                      kernel: str = 'identity',
-                     scale: Optional[float] = None) -> torch.Tensor:
+                     scale: Optional[float] = None,
+                     key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """InLine attention of queries ``q`` over keys ``k`` and values ``v``.
 
     Args:
@@ -98,6 +135,10 @@ def inline_attention(q: torch.Tensor,
         kernel (str): feature map phi for q and k, one of 'identity', 'relu',
             'leakyrelu', 'exp'. Default: 'identity'.
         scale (float, optional): s in the definition; defaults to d ** -0.5.
+        key_mask (Tensor, optional): which keys exist, [B, N] or [B, heads, N], true
+            (or 1) for a real key; masked keys leave the means and ``K^T V``, and N
+            becomes each group's number of real keys (at least one expected; a group
+            without any gets ``0`` out). None (default): every key, the unmasked path.
 
     Returns:
         Tensor: [B, heads, Nq, dv] in the dtype of ``q``.
@@ -110,5 +151,9 @@ def inline_attention(q: torch.Tensor,
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v = (t.reshape(b * h, t.shape[2], t.shape[3])
                    for t in (phi(q.to(dtype)), phi(k.to(dtype)), v.to(dtype)))
-        out = _CentredLinearAttention.apply(q, k, v, scale)
+        if key_mask is None:
+            out = _CentredLinearAttention.apply(q, k, v, scale)
+        else:
+            mask = _key_mask_column(key_mask, k.view(b, h, k.shape[1], -1), dtype)
+            out = _CentredLinearAttention.apply(q, k * mask, v * mask, scale, mask)
     return out.view(b, h, nq, v.shape[-1]).to(out_dtype)

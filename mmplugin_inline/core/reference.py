@@ -19,30 +19,42 @@ def _scale(q: torch.Tensor, scale: Optional[float]) -> float:
 def inline_attention_weights(q: torch.Tensor,
                              k: torch.Tensor,
                              kernel: str = 'identity',
-                             scale: Optional[float] = None) -> torch.Tensor:
+                             scale: Optional[float] = None,
+                             key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
     """InLine attention weights, exactly as defined.
 
     ``w_ij = 1/N + (s/N) * phi(q_i) . (phi(k_j) - mean_j phi(k_j))``; every row sums to 1.
+    With ``key_mask``, the definition over the valid keys only: N is their number, the
+    mean runs over them, and a masked key's weight is 0.
 
     Args:
         q (Tensor): [B, heads, Nq, d].
         k (Tensor): [B, heads, N, d].
         kernel (str): feature map phi. Default: 'identity'.
         scale (float, optional): s, default d ** -0.5.
+        key_mask (Tensor, optional): [B, N] or [B, heads, N], true for a valid key.
 
     Returns:
         Tensor: [B, heads, Nq, N].
     """
     phi = get_feature_map(kernel)
     q, k = phi(q), phi(k)
-    n = k.shape[-2]
-    k_centred = k - k.mean(dim=-2, keepdim=True)
-    return 1.0 / n + (_scale(q, scale) / n) * (q @ k_centred.transpose(-2, -1))
+    s = _scale(q, scale)
+    if key_mask is None:
+        n = k.shape[-2]
+        k_centred = k - k.mean(dim=-2, keepdim=True)
+        return 1.0 / n + (s / n) * (q @ k_centred.transpose(-2, -1))
+    valid = key_mask.to(q.dtype)
+    valid = (valid.unsqueeze(1) if valid.dim() == 2 else valid).unsqueeze(-1)  # [B, h, N, 1]
+    n = valid.sum(dim=-2, keepdim=True)                                         # [B, h, 1, 1]
+    k_mean = (k * valid).sum(dim=-2, keepdim=True) / n
+    w = 1.0 / n + (s / n) * (q @ (k - k_mean).transpose(-2, -1))
+    return w * valid.transpose(-2, -1)
 
 
-def inline_attention_reference(q, k, v, kernel='identity', scale=None):
+def inline_attention_reference(q, k, v, kernel='identity', scale=None, key_mask=None):
     """InLine attention through the explicit weights: ``W @ V``, [B, heads, Nq, dv]."""
-    return inline_attention_weights(q, k, kernel, scale) @ v
+    return inline_attention_weights(q, k, kernel, scale, key_mask) @ v
 
 
 def linear_attention_weights(q, k, kernel='identity', eps=1e-6):

@@ -15,8 +15,8 @@ depends on how many proposals the RPN keeps (up to 1000 with random weights, as 
 trained ones). The backbone row comes from the same trace. Handlers for softmax
 attention (``scaled_dot_product_attention``), ``baddbmm`` and custom autograd
 Functions (counted from the ops traced inside them: the InLine kernel's
-``phi(K)^T V`` matmul, the ``baddbmm`` of its rank-one centring and the ``bmm`` of
-``Q @ M``, its mean row added in place) are added to mmengine's (see
+``Kc^T Vc`` matmul of the centred keys and values and the ``bmm`` of ``Q @ M``,
+its mean row added in place) are added to mmengine's (see
 ``mmplugin_inline.analysis.complexity``); any op still not counted is printed as a
 warning.
 

@@ -101,7 +101,7 @@ class MultiHeadAttentionBase(nn.Module):
             self.residual = ResidualKernelPredictor(dim, num_heads)
 
     def attend(self, q, k, v, hw: Optional[Tuple[int, int]] = None, mean_token=None,
-               num_prefix: int = 0, bias=None):
+               num_prefix: int = 0, bias=None, key_mask=None):
         """Attend within each group of tokens.
 
         Args:
@@ -112,6 +112,11 @@ class MultiHeadAttentionBase(nn.Module):
             mean_token (Tensor): [G, C], input of the residual kernel predictor ('I').
             num_prefix (int): leading tokens (cls) left out of the local residual.
             bias (Tensor, optional): additive softmax bias broadcastable to [G, heads, N, N].
+            key_mask (Tensor, optional): [G, N], true for real tokens (InLine in padded
+                windows): padded keys leave the InLine means and ``K^T V``, and their
+                values are zeroed for the local residual (zero padding at the real
+                border). ``mean_token`` must then be the mean of the real tokens. No
+                prefix tokens with a mask.
 
         Returns:
             Tensor: [G, N, C].
@@ -124,8 +129,10 @@ class MultiHeadAttentionBase(nn.Module):
                                                  split_heads(v, h), attn_mask=bias)
             return merge_heads(out)
         out = merge_heads(inline_attention(split_heads(q, h), split_heads(k, h), split_heads(v, h),
-                                           kernel=self.kernel))
+                                           kernel=self.kernel, key_mask=key_mask))
         weights = self.residual(mean_token)                          # [G, C, 3, 3]
+        if key_mask is not None:
+            v = v * key_mask.unsqueeze(-1).to(v.dtype)               # padded V -> 0
         res = nchw_to_nlc(local_residual(nlc_to_nchw(v[:, num_prefix:], hw), weights))
         if num_prefix:
             return torch.cat([out[:, :num_prefix], out[:, num_prefix:] + res], dim=1)

@@ -17,10 +17,17 @@ from .window_attention import shifted_window_mask
 class CSWinBranch(MultiHeadAttentionBase):
     """One branch of CSWin attention: stripes (or the whole map) plus LePE.
 
-    ``stripe`` is ``None`` for the whole map, else ``(width, vertical)``.
+    ``stripe`` is ``None`` for the whole map, else ``(width, vertical)``. InLine
+    branches attend over the whole map only (the authors' setting): the map is then
+    one stripe of its own width, never padded, so no padded key reaches the InLine
+    statistics. InLine stripes (``stripe`` given with 'I') raise: the mean token that
+    predicts the residual kernel is one per map, not per stripe.
     """
 
     def __init__(self, dim, num_heads, attn_type, kernel='identity', stripe=None):
+        if attn_type == 'I' and stripe is not None:
+            raise ValueError("InLine CSWin branches (attn_type='I') attend over the whole map: "
+                             f'use stripe=None, got stripe={stripe!r}')
         super().__init__(dim, num_heads, attn_type, kernel)
         self.stripe = stripe
         self.get_v = nn.Conv2d(dim, dim, kernel_size=3, stride=1, padding=1, groups=dim)

@@ -1,8 +1,8 @@
 """Swin's attention in (shifted) windows, and the pieces only windows need.
 
 The relative position index of a window, the additive mask of shifted / padded
-windows (CSWin's padded stripes use it too: a stripe is a window), and
-:class:`WindowAttention`.
+windows (CSWin's padded stripes use it too: a stripe is a window), the per-key mask
+of padded windows (InLine), and :class:`WindowAttention`.
 """
 from typing import Optional, Tuple
 
@@ -59,12 +59,34 @@ def shifted_window_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: 
     return differ.float() * MASK_VALUE
 
 
+def padding_key_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: Tuple[int, int],
+                     batch: int, device=None) -> Optional[torch.Tensor]:
+    """Which tokens of each window of a bottom / right padded map are real, or None.
+
+    Returns a bool [batch * nW, wh * ww] (windows batch-major, as
+    :func:`~mmplugin_inline.core.window_partition` orders them), or None when the map
+    ``hw`` has no padding beyond ``valid_hw``.
+    """
+    (h, w), (vh, vw) = hw, valid_hw
+    if (vh, vw) == (h, w):
+        return None
+    valid = (torch.arange(h, device=device) < vh)[:, None] \
+        & (torch.arange(w, device=device) < vw)[None, :]                  # [H, W]
+    valid = window_partition(valid[None, :, :, None], window).squeeze(-1)  # [nW, N]
+    return valid.repeat(batch, 1)
+
+
 class WindowAttention(MultiHeadAttentionBase):
     """Attention in (shifted) windows: Swin's W-MSA / SW-MSA, or InLine in windows.
 
-    Any H x W: the map is padded to whole windows, padded keys are masked (softmax)
-    and the output is cropped. As in the authors' Swin, a map no larger than one
-    window in its short side gets no shift.
+    Any H x W: the map is padded to whole windows, padded keys are masked and the
+    output is cropped. For softmax an additive bias removes them; for InLine a per-key
+    mask takes them out of the means, ``K^T V`` and the mean token, and zeroes their
+    values in the local residual, so a border window gives what its real tokens give
+    alone. As in the authors' Swin, a map no larger than one window in its short side
+    gets no shift. InLine windows are never shifted (``shift=True`` with 'I' raises):
+    a shifted window mixes regions whose queries see different keys, which a per-key
+    mask cannot express.
 
     Args:
         dim (int): width.
@@ -73,7 +95,8 @@ class WindowAttention(MultiHeadAttentionBase):
         qkv_bias (bool): bias in the ``qkv`` projection. Default: True.
         kernel (str): InLine feature map. Default: 'identity'.
         window_size (int): window side. Default: 7.
-        shift (bool): shift the windows by half a window (SW-MSA). Default: False.
+        shift (bool): shift the windows by half a window (SW-MSA, softmax only).
+            Default: False.
         rel_pos_bias (bool): learned relative position bias (softmax). Default: True
             for 'S', ignored for 'I'.
         proj_drop (float): dropout after the output projection. Default: 0.
@@ -89,6 +112,9 @@ class WindowAttention(MultiHeadAttentionBase):
         self.proj_drop = nn.Dropout(proj_drop)
         if window_size < 1:
             raise ValueError(f'window_size must be positive, got {window_size}')
+        if shift and attn_type == 'I':
+            raise ValueError("shifted windows are softmax only (attn_type='S'); InLine "
+                             "windows (attn_type='I') take shift=False")
         self.window_size, self.shift = window_size, shift
         self.use_rel_pos = attn_type == 'S' and rel_pos_bias
         if self.use_rel_pos:
@@ -119,7 +145,12 @@ class WindowAttention(MultiHeadAttentionBase):
             bias = shifted_window_mask((hp, wp), (h, w), (ws, ws), (shift, shift), x.device)
             out = self._softmax_windows(q, k, v, bias, b)
         else:
-            out = self.attend(q, k, v, (ws, ws), mean_token=windows.mean(dim=1))
+            valid = padding_key_mask((hp, wp), (h, w), (ws, ws), b, x.device)
+            if valid is None:
+                mean_token = windows.mean(dim=1)
+            else:  # the padded tokens of x are zeros: sum over the window / real count
+                mean_token = windows.sum(dim=1) / valid.sum(dim=1, keepdim=True).to(x.dtype)
+            out = self.attend(q, k, v, (ws, ws), mean_token=mean_token, key_mask=valid)
         out = window_reverse(out, (ws, ws), (hp, wp))
         if shift:
             out = torch.roll(out, shifts=(shift, shift), dims=(1, 2))
