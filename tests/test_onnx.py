@@ -96,7 +96,7 @@ def test_cli_exports_a_segmentor_in_tensor_mode(tmp_path):
     shapes = [str(s) for hw in VERIFY_HW for s in hw]
     rc, text, _ = run_tool([PYTHON, osp.join(REPO, 'tools/deployment/pytorch2onnx.py'), config,
                             '--out', out, '--shape', *map(str, EXPORT_HW), '--verify',
-                            '--verify-shapes', *shapes], timeout=1800)
+                            '--verify-shapes', *shapes], timeout=3600)
     ok(rc, text)
     assert osp.isfile(out)
     assert 'segmentor (tensor mode)' in text and 'Verified at 61x83, 77x101' in text

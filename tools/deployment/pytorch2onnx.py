@@ -309,7 +309,8 @@ def main(argv=None):
         fail(f'ONNX export failed: {exc}')
     names = ('batch', 'channels', 'H', 'W')
     print(f'Wrote {args.out}; dynamic input: ' +
-          ', '.join(describe_range(n, r) for n, r in zip(names, result['ranges'])))
+          ', '.join(describe_range(n, r) for n, r in zip(names, result['ranges'])) +
+          " (torch.export's ranges start at 2; --verify checks batch 1 too)")
     if not args.verify:
         return 0
     shapes = verify_shapes or default_verify_shapes(shape)
