@@ -7,6 +7,7 @@ from typing import Tuple
 
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 
 def nchw_to_nlc(x: torch.Tensor) -> torch.Tensor:
@@ -24,8 +25,32 @@ def nlc_to_nchw(x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
 
 
 def pad_amount(size: int, multiple: int) -> int:
-    """How much to add to ``size`` to reach a multiple of ``multiple``."""
+    """How much to add to ``size`` to reach a multiple of ``multiple``.
+
+    Plain integer arithmetic, so that it also holds for symbolic sizes (``torch.export``
+    / ONNX export with dynamic H, W), where it stays an expression of the input size.
+    """
     return (multiple - size % multiple) % multiple
+
+
+def known_equal(a, b) -> bool:
+    """``a == b`` for concrete sizes; for symbolic sizes, only when it holds for every size.
+
+    A size-dependent branch taken on this (e.g. "already the right size: skip") keeps
+    the exported graph general: when the sizes are symbolic the general path is taken.
+    """
+    return statically_known_true(a == b)
+
+
+def known_zero(*amounts) -> bool:
+    """Whether every padding amount is known to be zero, so the pad can be skipped.
+
+    On concrete sizes (eager) this is ``all(a == 0 ...)``. On symbolic sizes (export
+    with dynamic H, W) an amount such as ``(4 - H % 4) % 4`` is zero for some sizes
+    only: it is not known, so the caller pads (a zero pad is a plain copy) instead of
+    branching on it, which would fix the exported graph to the example's sizes.
+    """
+    return all(known_equal(a, 0) for a in amounts)
 
 
 def pad_to_multiple(x: torch.Tensor, multiple: Tuple[int, int], channels_last: bool = True,
@@ -43,7 +68,7 @@ def pad_to_multiple(x: torch.Tensor, multiple: Tuple[int, int], channels_last: b
     """
     h, w = (x.shape[1], x.shape[2]) if channels_last else (x.shape[2], x.shape[3])
     ph, pw = pad_amount(h, multiple[0]), pad_amount(w, multiple[1])
-    if ph or pw:
+    if not known_zero(ph, pw):
         pad = (0, 0, 0, pw, 0, ph) if channels_last else (0, pw, 0, ph)
         x = F.pad(x, pad, value=value)
     return x, (h, w)
@@ -106,5 +131,8 @@ def stripe_reverse(stripes: torch.Tensor, width: int, vertical: bool,
 
 
 def stripe_shape(hw, width: int, vertical: bool) -> Tuple[int, int]:
-    """The window shape of one stripe of a map of size ``hw``."""
-    return (int(hw[0]), width) if vertical else (width, int(hw[1]))
+    """The window shape of one stripe of a map of size ``hw``.
+
+    The sizes are used as they are (no ``int()``), so symbolic sizes stay symbolic.
+    """
+    return (hw[0], width) if vertical else (width, hw[1])

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
 
 from mmplugin_inline.core import nchw_to_nlc, pad_amount
+from mmplugin_inline.core.tokens import known_equal, known_zero
 
 
 class PatchEmbed(nn.Module):
@@ -30,7 +31,7 @@ class PatchEmbed(nn.Module):
                              f'{tuple(x.shape)}')
         p = self.patch_size
         ph, pw = pad_amount(x.shape[2], p), pad_amount(x.shape[3], p)
-        if ph or pw:
+        if not known_zero(ph, pw):
             x = F.pad(x, (0, pw, 0, ph))
         x = self.proj(x)
         hw = (x.shape[2], x.shape[3])
@@ -53,7 +54,7 @@ class PatchMerging(nn.Module):
         b, n, c = x.shape
         h, w = hw
         x = x.view(b, h, w, c)
-        if h % 2 or w % 2:
+        if not known_zero(h % 2, w % 2):
             x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
         x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], -1)
         new_hw = (x.shape[1], x.shape[2])
@@ -82,7 +83,7 @@ def resize_pos_embed(pos_embed: torch.Tensor, src_hw: Tuple[int, int], dst_hw: T
     Prefix tokens (cls) are kept as they are; the grid part is interpolated with
     ``align_corners=False`` (what the authors' PVT does at other input sizes).
     """
-    if tuple(src_hw) == tuple(dst_hw):
+    if all(known_equal(s, d) for s, d in zip(src_hw, dst_hw)):
         return pos_embed
     prefix, grid = pos_embed[:, :num_prefix], pos_embed[:, num_prefix:]
     c = grid.shape[-1]

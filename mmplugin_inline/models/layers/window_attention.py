@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 from mmplugin_inline.core import crop_to, pad_to_multiple, window_partition, window_reverse
+from mmplugin_inline.core.tokens import known_equal
 
 from .attention import MultiHeadAttentionBase
 
@@ -39,7 +40,7 @@ def shifted_window_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: 
     ``valid_hw``), get :data:`MASK_VALUE`. Built from the padded size at each forward.
     """
     (h, w), (vh, vw) = hw, valid_hw
-    if not any(shift) and (vh, vw) == (h, w):
+    if not any(shift) and known_equal(vh, h) and known_equal(vw, w):
         return None
     region = torch.zeros(1, h, w, 1, device=device)
     if any(shift):
