@@ -39,7 +39,12 @@ def known_equal(a, b) -> bool:
     A size-dependent branch taken on this (e.g. "already the right size: skip") keeps
     the exported graph general: when the sizes are symbolic the general path is taken.
     """
-    return statically_known_true(a == b)
+    equal = a == b
+    if isinstance(equal, torch.Tensor):
+        # torch.jit tracing (the FLOP counter) hands sizes over as 0-d tensors: the trace
+        # is taken at one size, so the concrete answer is the right one
+        return bool(equal)
+    return statically_known_true(equal)
 
 
 def known_zero(*amounts) -> bool:
