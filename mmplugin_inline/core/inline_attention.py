@@ -54,10 +54,10 @@ def _key_mask_column(key_mask: torch.Tensor, k: torch.Tensor, dtype: torch.dtype
 class _CentredLinearAttention(torch.autograd.Function):
     """``out = mean(V) + c * Q [K^T (I - 11^T/N) V]`` with a hand-written backward.
 
-    Writing the backward out keeps it at four N x d x d matmuls and no N x d
-    temporaries beyond the gradients themselves: it reuses the centred K and V saved by
-    the forward (in place of K and V), and the mean row of dV is added in place
-    (autograd would expand the mean's gradient into a temporary and add it in extra
+    Writing the backward out keeps it at four N x d x d matmuls and one N x d temporary
+    at a time beyond the gradients: K and V are saved as they are and centred again, one
+    at a time, for the product that needs them, and the mean row of dV is added in place
+    (autograd would expand the mean's gradient into temporaries and add them in extra
     passes). Inputs are [G, N, d] (heads folded into G), already in the compute dtype.
 
     ``mask`` is None (every key counts) or a 0 / 1 column [G, N, 1] of the valid keys,
@@ -90,11 +90,16 @@ class _CentredLinearAttention(torch.autograd.Function):
             kc.mul_(mask)
             vc.mul_(mask)
         m = torch.bmm(kc.transpose(1, 2), vc).mul_(c)              # [G, d, dv], scaled by c
+        del kc, vc
+        # K and V themselves are saved, not their centred copies: they are views of the
+        # projections' outputs, which the local residual's convolution saves anyway, so
+        # centred copies would add 2 N x d per layer to training memory (~120 MiB for
+        # InLine-PVT-T at 800x1344); the backward centres them again, one at a time
         if mask is None:
-            ctx.save_for_backward(q, kc, vc, m)
+            ctx.save_for_backward(q, k, v, m, k_mean, v_mean)
             ctx.c, ctx.n = c, n
         else:
-            ctx.save_for_backward(q, kc, vc, m, c, n)
+            ctx.save_for_backward(q, k, v, m, k_mean, v_mean, c, n)
         # the mean row is added in place: baddbmm would first copy it, broadcast, into
         # the output (a slower pass over N x dv than this add)
         return torch.bmm(q, m).add_(v_mean)                       # [G, Nq, dv]
@@ -102,7 +107,7 @@ class _CentredLinearAttention(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad):
-        q, kc, vc, m, *masked = ctx.saved_tensors                  # kc, vc: centred K, V
+        q, k, v, m, k_mean, v_mean, *masked = ctx.saved_tensors
         # c and N: floats, or [G, 1, 1] tensors under a key mask (the gradients of the
         # masked rows are then zeroed by the mask's product outside)
         c, n = masked if masked else (ctx.c, ctx.n)
@@ -112,11 +117,11 @@ class _CentredLinearAttention(torch.autograd.Function):
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             grad_m = q.transpose(1, 2) @ grad                      # [G, d, dv] (unscaled)
             if ctx.needs_input_grad[1]:
-                # dK = c (V - 1 v_mean^T) dM^T
-                grad_k = torch.bmm(vc, grad_m.transpose(1, 2) * c)
+                # dK = c (V - 1 v_mean^T) dM^T, centred first (as in the forward)
+                grad_k = torch.bmm(v - v_mean, grad_m.transpose(1, 2) * c)
             if ctx.needs_input_grad[2]:
                 # dV = c (K - 1 k_mean^T) dM + 1 sum_i(grad_i)^T / N
-                grad_v = torch.bmm(kc, grad_m * c).add_(grad.sum(dim=1, keepdim=True) / n)
+                grad_v = torch.bmm(k - k_mean, grad_m * c).add_(grad.sum(dim=1, keepdim=True) / n)
         return grad_q, grad_k, grad_v, None, None
 
 
