@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.runs import DET_CONFIG, PYTHON, SEG_CONFIG, load_script, ok, run_tool
+from helpers.runs import DET_CONFIG, PYTHON, SEG_CONFIG, load_script, ok, run_tool, tool_failure
 from helpers.tiny_models import REPO, SHAPES, det_run_config, seg_run_config
 
 print_config = load_script('tools/misc/print_config.py')
@@ -25,16 +25,6 @@ confusion_matrix = load_script('tools/analysis_tools/confusion_matrix.py')
 def headless(monkeypatch):
     monkeypatch.delenv('DISPLAY', raising=False)
     monkeypatch.delenv('WAYLAND_DISPLAY', raising=False)
-
-
-def _failure(main, argv, capsys):
-    """The stderr of a tool's status-1 exit (no traceback)."""
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 1
-    out, err = capsys.readouterr()
-    assert 'Traceback' not in out + err
-    return err
 
 
 @pytest.fixture(scope='module')
@@ -55,9 +45,9 @@ def test_each_tool_names_a_missing_or_foreign_config_and_a_missing_script(tmp_pa
     tools = {print_config.main: [], browse_dataset.main: ['--output-dir', 'o'],
              confusion_matrix.main: ['preds.pkl', 'out']}
     for main, rest in tools.items():
-        err = _failure(main, ['missing.py'] + rest, capsys)
+        err = tool_failure(main, ['missing.py'] + rest, capsys)
         assert 'Config file not found: missing.py' in err
-        err = _failure(main, [str(neither)] + rest, capsys)
+        err = tool_failure(main, [str(neither)] + rest, capsys)
         assert 'Cannot tell whether the config is for mmdet or mmseg' in err
     from mmplugin_inline.utils.tool_setup import codebase_script
     with pytest.raises(SystemExit):
@@ -84,7 +74,7 @@ def test_print_config_prints_and_saves_the_merged_config(config, tmp_path, monke
     assert saved.model.backbone.drop_path_rate == 0.37
     assert saved.model.backbone.type == cfg.model.backbone.type
     assert os.listdir(tmp_path) == ['whole.json']  # mmseg's example.py is not left behind
-    err = _failure(print_config.main, [config, '--save-path', 'whole.txt'], capsys)
+    err = tool_failure(print_config.main, [config, '--save-path', 'whole.txt'], capsys)
     assert '--save-path must end with .py' in err and 'whole.txt' in err
 
 
@@ -130,7 +120,7 @@ def test_browse_dataset_headless_writes_the_drawn_training_set(codebase, run_con
 
 def test_browse_dataset_without_display_or_output_dir_says_what_to_do(run_configs, headless,
                                                                       capsys):
-    err = _failure(browse_dataset.main, [run_configs[0]], capsys)
+    err = tool_failure(browse_dataset.main, [run_configs[0]], capsys)
     assert 'Nothing to do' in err and '--output-dir' in err
 
 
@@ -175,15 +165,15 @@ def test_analyze_logs_iteration_run_uses_mmseg_plot_and_counts_training_lines_on
 
 def test_analyze_logs_messages(tmp_path, headless, capsys):
     log, _ = _iteration_log(str(tmp_path / 'scalars.json'))
-    err = _failure(analyze_logs.main, ['plot_curve', log], capsys)
+    err = tool_failure(analyze_logs.main, ['plot_curve', log], capsys)
     assert 'No display' in err and '--out' in err
-    err = _failure(analyze_logs.main, ['cal_train_time', str(tmp_path / 'nope.json')], capsys)
+    err = tool_failure(analyze_logs.main, ['cal_train_time', str(tmp_path / 'nope.json')], capsys)
     assert 'Log not found' in err and 'nope.json' in err
     text = tmp_path / '20260101_000000.log'
     text.write_text('12/01 11:58:41 - mmengine - INFO - Checkpoints will be saved\n')
-    err = _failure(analyze_logs.main, ['cal_train_time', str(text)], capsys)
+    err = tool_failure(analyze_logs.main, ['cal_train_time', str(text)], capsys)
     assert 'is not json' in err and 'scalars.json' in err
-    err = _failure(analyze_logs.main, ['plot_curve', log, '--legend', 'a', 'b', '--out',
+    err = tool_failure(analyze_logs.main, ['plot_curve', log, '--legend', 'a', 'b', '--out',
                                        str(tmp_path / 'x.png')], capsys)
     assert '--legend needs one entry per log and key' in err
 
@@ -235,7 +225,7 @@ def test_detection_confusion_matrix_of_known_predictions(run_configs, shapes, tm
     assert 'background' in capsys.readouterr().out
     with open(preds, 'wb') as f:
         pickle.dump(results[:1], f)
-    err = _failure(confusion_matrix.main, [run_configs[0], preds, str(tmp_path / 'cm')], capsys)
+    err = tool_failure(confusion_matrix.main, [run_configs[0], preds, str(tmp_path / 'cm')], capsys)
     assert 'one detection result per image of the test set (2 images)' in err
 
 
@@ -261,7 +251,7 @@ def test_segmentation_confusion_matrix_of_known_label_maps(run_configs, shapes, 
     assert np.array_equal(matrix, expected) and expected.trace() > 0
     assert cv2.imread(str(tmp_path / 'cm' / 'confusion_matrix.png')) is not None
     os.remove(preds / osp.basename(maps[1]))
-    err = _failure(confusion_matrix.main, [run_configs[1], str(preds), str(tmp_path)], capsys)
+    err = tool_failure(confusion_matrix.main, [run_configs[1], str(preds), str(tmp_path)], capsys)
     assert f'No prediction {osp.basename(maps[1])}' in err
 
 

@@ -19,7 +19,8 @@ from mmplugin_inline.utils.tool_setup import load_run_config, load_tool_config
 
 from helpers.pickles import writes_marker
 from helpers.runs import (DET_CONFIG, PYTHON, SEG_CONFIG, checkpoint_meta,
-                          dist_train_two_processes, load_script, make_shapes, ok, run_tool)
+                          dist_train_two_processes, load_script, make_shapes, ok, run_tool,
+                          tool_failure)
 from helpers.tiny_models import REPO, SHAPES, det_run_config, seg_run_config
 
 
@@ -259,16 +260,6 @@ def _unscoped_config(directory, model_type=None):
     return path
 
 
-def _tool_failure(main, argv, capsys):
-    """Run a tool's ``main`` in-process; return the stderr of its status-1 exit."""
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    assert exc.value.code == 1
-    out, err = capsys.readouterr()
-    assert 'Traceback' not in out + err
-    return err
-
-
 def test_every_tool_reads_and_attributes_a_config_the_same_way(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv('LOCAL_RANK', '0')  # what train / test export for mmengine
     monkeypatch.chdir(tmp_path)            # no data/ nor checkpoints/ here
@@ -286,9 +277,9 @@ def test_every_tool_reads_and_attributes_a_config_the_same_way(tmp_path, capsys,
     # a missing config file and a config of neither codebase: one message for all tools
     neither = _unscoped_config(tmp_path, 'NoSuchModel')
     for tool, main in tools.items():
-        err = _tool_failure(main, argv(tool, 'missing.py'), capsys)
+        err = tool_failure(main, argv(tool, 'missing.py'), capsys)
         assert 'Config file not found: missing.py' in err and 'configs/' in err, tool
-        err = _tool_failure(main, argv(tool, neither), capsys)
+        err = tool_failure(main, argv(tool, neither), capsys)
         assert 'Cannot tell whether the config is for mmdet or mmseg' in err, tool
         assert "'NoSuchModel'" in err and "default_scope = 'mmdet' or 'mmseg'" in err, tool
     # without default_scope the codebase is the one whose registry has the model type
@@ -299,7 +290,7 @@ def test_every_tool_reads_and_attributes_a_config_the_same_way(tmp_path, capsys,
     assert (codebase, cfg.default_scope, cfg.launcher, cfg.work_dir) == ('mmdet', 'mmdet',
                                                                          'pytorch', 'w')
     # ... so train gets as far as the preflight check of the data and the weights
-    err = _tool_failure(tools['train'], [unscoped], capsys)
+    err = tool_failure(tools['train'], [unscoped], capsys)
     assert 'data/coco/' in err and 'checkpoints/inline_pvt_t.pth' in err
 
 

@@ -149,3 +149,18 @@ def max_weight_difference(path_a, path_b):
         else:
             worst = max(worst, float((value != b[key]).any()))
     return worst
+
+
+def tool_failure(main, argv, capsys):
+    """Run a tool's ``main(argv)`` in-process; return the stderr of its status-1 exit.
+
+    Checks what every tool promises on bad input: exit status 1 and one message, no
+    traceback.
+    """
+    import pytest
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 1
+    out, err = capsys.readouterr()
+    assert 'Traceback' not in out + err
+    return err
