@@ -73,6 +73,32 @@ def test_patch_embed_pads_by_the_input_size(tmp_path):
     assert tool.check_rows(rows, 1e-5) is None, tool.check_rows(rows, 1e-5)
 
 
+def test_mmseg_upsampling_keeps_the_input_size_in_the_exported_graph():
+    """mmseg's Upsample takes int(size * factor): exported as is, that is the example's."""
+    from mmseg.models.utils import Upsample, resize
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = Upsample(scale_factor=2, mode='bilinear', align_corners=False)
+
+        def forward(self, x):
+            return resize(self.up(x), size=(2 * x.shape[2] + 1, 2 * x.shape[3] + 1),
+                          mode='bilinear', align_corners=False)
+
+    head = Head()
+    auto = torch.export.Dim.AUTO
+    example, other = torch.randn(2, 4, 6, 8), torch.randn(1, 4, 5, 11)
+    dims = ({0: auto, 2: auto, 3: auto},)
+    plain = torch.export.export(head, (example,), dynamic_shapes=dims)
+    with pytest.raises(AssertionError, match='Guard failed'):  # fixed to 2 * 6 = 12 rows
+        plain.module()(other)
+    with tool.exportable_upsampling(head):
+        exported = torch.export.export(head, (example,), dynamic_shapes=dims)
+    assert 'forward' not in vars(head.up)  # the module's own forward is back
+    torch.testing.assert_close(exported.module()(other), head(other), rtol=0, atol=1e-6)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('family', sorted(TINY_BACKBONES))
 def test_backbone_export_matches_pytorch(family, tmp_path):

@@ -75,6 +75,46 @@ def conv2d_dynamic_groups(input, weight, bias=None, stride=(1, 1), padding=(0, 0
     return out if bias is None else out + bias.view(1, -1, 1, 1)
 
 
+class exportable_upsampling:
+    """Within the block, mmseg's ``Upsample`` modules with an integer scale factor compute
+    their output size as ``size * factor`` instead of ``int(size * factor)``.
+
+    The two are equal for integer factors, but ``torch.export`` specialises ``int()`` of a
+    symbolic float to the example's value (a guard the ONNX graph drops): Semantic FPN's
+    scale heads then upsample to the example's map size at every input size and the
+    logits come out wrong (max abs error ~1 at 61x83 for an export at 64x96). The
+    modules' own ``forward`` is restored on exit, so verification compares with the
+    model as it is.
+    """
+
+    def __init__(self, module):
+        self.module, self.patched = module, []
+
+    def __enter__(self):
+        import types
+        try:
+            from mmseg.models.utils import Upsample, resize
+        except ImportError:  # mmseg not installed: nothing of it to patch
+            return self
+
+        def forward(up, x):
+            factor = int(up.scale_factor)
+            return resize(x, [t * factor for t in x.shape[-2:]], None, up.mode,
+                          up.align_corners)
+
+        for m in self.module.modules():
+            if isinstance(m, Upsample) and not m.size and isinstance(m.scale_factor, float) \
+                    and m.scale_factor.is_integer():
+                m.forward = types.MethodType(forward, m)
+                self.patched.append(m)
+        return self
+
+    def __exit__(self, *exc):
+        for m in self.patched:
+            del m.forward  # back to the class's forward
+        return False
+
+
 def segmentor_tensor_mode(segmentor):
     """A module whose ``forward(inputs)`` is the mmseg segmentor's tensor mode."""
     import torch.nn as nn
@@ -133,7 +173,7 @@ def export_onnx(module, shape: Tuple[int, int], out: str, opset: int = DEFAULT_O
     example = torch.randn(EXAMPLE_BATCH, in_channels, *shape,
                           generator=torch.Generator().manual_seed(0))
     auto = torch.export.Dim.AUTO
-    with torch.no_grad():
+    with torch.no_grad(), exportable_upsampling(module):
         exported = torch.export.export(module, (example,),
                                        dynamic_shapes=({0: auto, 2: auto, 3: auto},))
         exported = exported.run_decompositions(
