@@ -122,7 +122,8 @@ WITH_CP_DOC = ("with_cp (bool | str): gradient checkpointing while training: Fal
 
 def check_with_cp(with_cp, owner: str = 'with_cp'):
     """``with_cp`` if it is one of :data:`WITH_CP_MODES`, else a ValueError naming them."""
-    if isinstance(with_cp, bool) or (isinstance(with_cp, str) and with_cp in ('attn', 'mlp')):
+    # the type test keeps 0 / 1 out (they compare equal to False / True)
+    if isinstance(with_cp, (bool, str)) and with_cp in WITH_CP_MODES:
         return with_cp
     raise ValueError(f"{owner}: with_cp must be one of False, True, 'attn' or 'mlp' (False: "
                      "no recomputation, True: whole blocks, 'attn' / 'mlp': the attention / "
@@ -134,9 +135,9 @@ def run_blocks(blocks, x: torch.Tensor, hw: Tuple[int, int], with_cp=False) -> t
 
     ``with_cp`` is one of :data:`WITH_CP_MODES`: True checkpoints each whole block,
     'attn' / 'mlp' that half of each block (:meth:`TransformerBlock.forward`). Nothing is
-    recomputed when ``x`` needs no gradient (inference, frozen stages).
+    recomputed when ``x`` needs no gradient (inference, frozen stages). The backbones
+    check the value once, when they are built (:func:`check_with_cp`).
     """
-    check_with_cp(with_cp)
     for blk in blocks:
         if with_cp is True and x.requires_grad:
             x = checkpoint(blk, x, hw, use_reentrant=False)
