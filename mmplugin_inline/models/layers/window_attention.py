@@ -69,7 +69,7 @@ def padding_key_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: Tup
     ``hw`` has no padding beyond ``valid_hw``.
     """
     (h, w), (vh, vw) = hw, valid_hw
-    if (vh, vw) == (h, w):
+    if known_equal(vh, h) and known_equal(vw, w):
         return None
     valid = (torch.arange(h, device=device) < vh)[:, None] \
         & (torch.arange(w, device=device) < vw)[None, :]                  # [H, W]
