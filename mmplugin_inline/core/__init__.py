@@ -4,10 +4,12 @@ Shapes are ``[B, heads, N, d]`` for attention inputs; see each function's docstr
 One fast function per attention variant (``<variant>_attention.py``), its explicit
 N x N form in ``reference.py``; the feature maps phi in ``feature_maps.py``.
 """
+from .fast_paths import fast_paths_enabled, reference_paths
 from .feature_maps import FEATURE_MAPS, get_feature_map
 from .inline_attention import inline_attention
 from .linear_attention import linear_attention
-from .local_residual import local_residual, local_residual_reference
+from .local_residual import (depthwise_conv_taps, local_residual, local_residual_nhwc,
+                             local_residual_reference)
 from .reference import (ATTENTION_WEIGHTS, inline_attention_authors, inline_attention_reference,
                         inline_attention_weights, linear_attention_reference,
                         linear_attention_weights, softmax_attention_reference,
@@ -21,8 +23,10 @@ __all__ = [
     'inline_attention', 'inline_attention_weights', 'inline_attention_reference',
     'inline_attention_authors', 'linear_attention', 'linear_attention_weights',
     'linear_attention_reference', 'softmax_attention', 'softmax_attention_weights',
-    'softmax_attention_reference', 'local_residual', 'local_residual_reference',
-    'FEATURE_MAPS', 'get_feature_map', 'nchw_to_nlc', 'nlc_to_nchw', 'pad_amount',
+    'softmax_attention_reference', 'local_residual', 'local_residual_nhwc',
+    'local_residual_reference', 'depthwise_conv_taps',
+    'fast_paths_enabled', 'reference_paths', 'FEATURE_MAPS', 'get_feature_map', 'nchw_to_nlc',
+    'nlc_to_nchw', 'pad_amount',
     'pad_to_multiple', 'crop_to', 'window_partition', 'window_reverse', 'stripe_partition',
     'stripe_reverse', 'stripe_shape', 'ATTENTION_WEIGHTS'
 ]

@@ -131,17 +131,24 @@ def as_tuple(out):
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
 
 
-def make_call(model, x, mode):
+def make_call(model, x, mode, reference=False):
+    """One inference or training-step call; ``reference``: on the package's reference
+    paths (``mmplugin_inline.core.reference_paths``), the code the fast paths replaced."""
+    from mmplugin_inline.core import reference_paths
     if mode == 'infer':
-        def call():
+        def step():
             with torch.no_grad():
                 return model(x)
     else:
-        def call():
+        def step():
             loss = sum(o.float().mean() for o in as_tuple(model(x)))
             loss.backward()
             for p in model.parameters():
                 p.grad = None
+
+    def call():
+        with reference_paths(reference):
+            return step()
     return call
 
 
@@ -199,7 +206,7 @@ def race(models, hw, mode, args, gemm, history, flops_cache, tag):
                 flops_cache[key] = forward_flops(model, x)
             row['gflops'] = flops_cache[key] / 1e9 * (3 if mode == 'train' else 1)
         model.train(mode == 'train')
-        calls[name] = make_call(model, x, mode)
+        calls[name] = make_call(model, x, mode, meta.get('reference_paths', False))
     times = {name: [] for name in calls}
     gemm_times = []
     for name, call in list(calls.items()):  # warm-up; one over the cap is timed once
@@ -227,8 +234,9 @@ def race(models, hw, mode, args, gemm, history, flops_cache, tag):
         row['times_ms'] = [1e3 * t for t in ts]
         row['time_ms'] = 1e3 * statistics.median(ts)
         if not args.no_memory:
-            model = models[name][0]
-            row['peak_mb'] = peak_extra_memory(make_call(model, x, mode), device) / 2 ** 20
+            model, meta = models[name]
+            row['peak_mb'] = peak_extra_memory(
+                make_call(model, x, mode, meta.get('reference_paths', False)), device) / 2 ** 20
         if row['gflops'] is not None:
             row['gflop_per_s'] = row['gflops'] / (row['time_ms'] / 1e3)
             if gemm_rate:
@@ -277,7 +285,8 @@ def markdown(results, env):
               '(% of GEMM) | ours / peer peak MiB |', '|' + '---|' * 10]
     for (family, size, mode), rows in by_case.items():
         ours = next((r for r in rows if r['role'] == 'ours' and
-                     r.get('with_cp') in (None, 'none')), None)
+                     r.get('with_cp') in (None, 'none') and not r.get('reference_paths')),
+                    None)
         peer = next((r for r in rows if r['role'] == 'peer'), None)
         if ours is None or peer is None:
             continue
@@ -295,6 +304,23 @@ def markdown(results, env):
             f"{fmt(peer['time_ms'], '.1f') if peer['time_ms'] else peer.get('note', '-')} | "
             f"{fmt(speed, '.2f')}x | {fmt(flops, '.2f')} | {rate(ours)} | {rate(peer)} | "
             f"{fmt(ours['peak_mb'], ',.0f')} / {fmt(peer['peak_mb'], ',.0f')} |")
+    refs = [r for r in results if r.get('reference_paths') and r['case'] == 'sizes']
+    if refs:
+        lines += ['', '| family | size | mode | reference paths ms | fast paths ms | '
+                  'speed-up (reference / fast) | reference / fast peak MiB |',
+                  '|---|---|---|---|---|---|---|']
+        for ref in refs:
+            fast = next((r for r in by_case[(ref['family'], ref['size'], ref['mode'])]
+                         if r['role'] == 'ours' and not r.get('reference_paths') and
+                         r.get('with_cp') in (None, 'none')), None)
+            if fast is None:
+                continue
+            speed = ref['time_ms'] / fast['time_ms'] if ref['time_ms'] and fast['time_ms'] \
+                else None
+            lines.append(f"| {ref['family']} | {ref['size']} | {ref['mode']} | "
+                         f"{fmt(ref['time_ms'], '.1f')} | {fmt(fast['time_ms'], '.1f')} | "
+                         f"{fmt(speed, '.2f')}x | {fmt(ref['peak_mb'], ',.0f')} / "
+                         f"{fmt(fast['peak_mb'], ',.0f')} |")
     slopes = [(m, model, fitted_slope(rows)) for (m, model), rows in series(results).items()]
     slopes = [s for s in slopes if s[2] is not None]
     if slopes:
@@ -391,6 +417,10 @@ def parse_args(argv=None):
     parser.add_argument('--with-cp', nargs='+', choices=sorted(CP_VALUES), default=[],
                         help="also race our backbones with these with_cp settings in "
                              "training steps ('none' False, 'full' True)")
+    parser.add_argument('--reference-paths', action='store_true',
+                        help='also race our backbones on the reference paths (the code the '
+                             'fast paths replaced; mmplugin_inline.core.reference_paths), '
+                             'same weights, in the same rounds')
     parser.add_argument('--windows', nargs='*', type=int, default=[],
                         help="Swin window sweep, e.g. 7 14 28 56 (none by default)")
     parser.add_argument('--window-size-input', type=parse_size, default=(224, 224))
@@ -434,6 +464,9 @@ def main(argv=None):
         base = {OURS[family]: (build_ours(family), dict(family=family, role='ours')),
                 PEERS[family]: (build_peer(family), dict(family=family, role='peer'))}
         variants = {}
+        if args.reference_paths:
+            base[f'{OURS[family]} (reference paths)'] = (
+                base[OURS[family]][0], dict(family=family, role='ours', reference_paths=True))
         if args.with_cp:
             base[OURS[family]][1]['with_cp'] = 'none'
             variants = {f'{OURS[family]} with_cp={m}': (

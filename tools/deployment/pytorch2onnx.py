@@ -55,7 +55,7 @@ def conv2d_dynamic_groups(input, weight, bias=None, stride=(1, 1), padding=(0, 0
     tap's weight per channel. Any other convolution is left to the exporter
     (``NotImplemented``).
     """
-    import torch.nn.functional as F
+    from mmplugin_inline.core import depthwise_conv_taps
     if isinstance(groups, int):
         return NotImplemented
     if weight.shape[1] != 1 or tuple(stride) != (1, 1) or tuple(dilation) != (1, 1):
@@ -63,15 +63,7 @@ def conv2d_dynamic_groups(input, weight, bias=None, stride=(1, 1), padding=(0, 0
             'only depthwise, stride 1, dilation 1 convolutions with a size-dependent group '
             f'count can be exported; got weight {tuple(weight.shape)}, stride {stride}, '
             f'dilation {dilation}')
-    kh, kw = weight.shape[2], weight.shape[3]
-    ph, pw = padding
-    padded = F.pad(input, (pw, pw, ph, ph))
-    h, w = padded.shape[2] - kh + 1, padded.shape[3] - kw + 1
-    out = None
-    for i in range(kh):
-        for j in range(kw):
-            tap = padded[:, :, i:i + h, j:j + w] * weight[:, 0, i, j].view(1, -1, 1, 1)
-            out = tap if out is None else out + tap
+    out = depthwise_conv_taps(input, weight, padding)
     return out if bias is None else out + bias.view(1, -1, 1, 1)
 
 

@@ -17,8 +17,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmplugin_inline.core import (get_feature_map, inline_attention, local_residual, nchw_to_nlc,
-                                  nlc_to_nchw, pad_to_multiple)
+from mmplugin_inline.core import (fast_paths_enabled, get_feature_map, inline_attention,
+                                  local_residual, local_residual_nhwc, nchw_to_nlc, nlc_to_nchw,
+                                  pad_to_multiple)
 
 #: block-type letter -> the attention it selects (``block_types`` strings, ``attn_type``)
 ATTN_TYPES = {'I': 'InLine', 'S': 'softmax'}
@@ -61,11 +62,29 @@ def check_heads(dim: int, num_heads: int) -> None:
                          f'of {divisors}, or change the width')
 
 
+def grouped_pointwise(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
+    """``conv`` (a grouped ``Conv1d`` of kernel size 1) on one token per sample: [B, Cin] -> [B, Cout].
+
+    The same product as ``conv(x.unsqueeze(-1)).squeeze(-1)``, as one batched matrix
+    product over the groups: a convolution call on a length-1 sequence costs more in
+    set-up (oneDNN on the CPU, cuDNN on the GPU) than its few multiply-adds.
+    """
+    g = conv.groups
+    cin, cout = conv.in_channels // g, conv.out_channels // g
+    w = conv.weight.view(g, cout, cin).transpose(1, 2)                  # [g, Cin/g, Cout/g]
+    xg = x.view(x.shape[0], g, cin).transpose(0, 1)                    # [g, B, Cin/g]
+    y = torch.bmm(xg, w) if conv.bias is None else \
+        torch.baddbmm(conv.bias.view(g, 1, cout), xg, w)               # [g, B, Cout/g]
+    return y.transpose(0, 1).reshape(x.shape[0], g * cout)
+
+
 class ResidualKernelPredictor(nn.Sequential):
     """Predicts the per-sample 3x3 depthwise kernels of the local residual.
 
     ``Conv1d(C, C, 1, groups=heads) -> GELU -> Conv1d(C, 9C, 1, groups=heads)`` on the
-    mean token; output [B, C, 3, 3].
+    mean token; output [B, C, 3, 3]. The modules are the authors' (their checkpoints
+    load as they are); :meth:`forward` runs them as grouped matrix products
+    (:func:`grouped_pointwise`), :meth:`forward_reference` as the convolutions.
     """
 
     def __init__(self, dim: int, num_heads: int):
@@ -74,6 +93,14 @@ class ResidualKernelPredictor(nn.Sequential):
             nn.Conv1d(dim, dim * 9, kernel_size=1, groups=num_heads))
 
     def forward(self, mean_token: torch.Tensor) -> torch.Tensor:  # [B, C] -> [B, C, 3, 3]
+        if not fast_paths_enabled():
+            return self.forward_reference(mean_token)
+        b, c = mean_token.shape
+        hidden = self[1](grouped_pointwise(mean_token, self[0]))
+        return grouped_pointwise(hidden, self[2]).view(b, c, 3, 3)
+
+    def forward_reference(self, mean_token: torch.Tensor) -> torch.Tensor:
+        """The same kernels through the ``Conv1d`` modules (the check of :meth:`forward`)."""
         b, c = mean_token.shape
         return super().forward(mean_token.unsqueeze(-1)).view(b, c, 3, 3)
 
@@ -131,12 +158,21 @@ class MultiHeadAttentionBase(nn.Module):
         out = merge_heads(inline_attention(split_heads(q, h), split_heads(k, h), split_heads(v, h),
                                            kernel=self.kernel, key_mask=key_mask))
         weights = self.residual(mean_token)                          # [G, C, 3, 3]
+        g, n, c = v.shape
+        v = v[:, num_prefix:]
         if key_mask is not None:
             v = v * key_mask.unsqueeze(-1).to(v.dtype)               # padded V -> 0
-        res = nchw_to_nlc(local_residual(nlc_to_nchw(v[:, num_prefix:], hw), weights))
-        if num_prefix:
-            return torch.cat([out[:, :num_prefix], out[:, num_prefix:] + res], dim=1)
-        return out + res
+        if not fast_paths_enabled():  # the NCHW grouped convolution, then a concatenation
+            res = nchw_to_nlc(local_residual(nlc_to_nchw(v, hw), weights))
+            if num_prefix:
+                return torch.cat([out[:, :num_prefix], out[:, num_prefix:] + res], dim=1)
+            return out + res
+        # tokens are a channels-last map already: no transpose to NCHW and back
+        res = local_residual_nhwc(v.reshape(g, hw[0], hw[1], c), weights)
+        # added in place into the attention output (a fresh tensor): no third N x C
+        # tensor, and the prefix rows (cls) are left as they are
+        out[:, num_prefix:].view(g, hw[0], hw[1], c).add_(res)
+        return out
 
 
 class GlobalAttention(MultiHeadAttentionBase):

@@ -7,8 +7,8 @@ stripes inside and padded keys are masked.
 import torch
 import torch.nn as nn
 
-from mmplugin_inline.core import (crop_to, nchw_to_nlc, nlc_to_nchw, pad_to_multiple,
-                                  stripe_partition, stripe_reverse, stripe_shape)
+from mmplugin_inline.core import (crop_to, fast_paths_enabled, nchw_to_nlc, nlc_to_nchw,
+                                  pad_to_multiple, stripe_partition, stripe_reverse, stripe_shape)
 
 from .attention import MultiHeadAttentionBase, check_attn_type, check_heads
 from .window_attention import shifted_window_mask
@@ -47,15 +47,30 @@ class CSWinBranch(MultiHeadAttentionBase):
         if bias is not None:
             bias = bias.unsqueeze(1).repeat(b, 1, 1, 1)
         qw, kw, vw = (stripe_partition(t, width, vertical) for t in maps)   # [G, Nw, C]
-        # LePE: depthwise conv of V inside each stripe (zero padded at stripe borders)
-        v_img = nlc_to_nchw(vw, win)
-        lepe = nchw_to_nlc(self.get_v(v_img))
+        lepe = self.lepe(vw, win)
         if self.attn_type == 'I':
             out = self.attend(qw, kw, vw, win, mean_token=mean_token)
         else:
             out = self.attend(qw, kw, vw, bias=bias)
         out = stripe_reverse(out + lepe, width, vertical, (hp, wp))
         return crop_to(out, hw).reshape(b, n, c)
+
+
+    def lepe(self, v: torch.Tensor, win) -> torch.Tensor:
+        """LePE: the depthwise ``get_v`` conv of V inside each stripe (zero padded at the
+        stripe borders); v: [G, wh*ww, C] -> [G, wh*ww, C].
+
+        The stripes' tokens are a channels-last image already: the convolution runs on
+        that layout (oneDNN's channels-last depthwise kernel on the CPU, cuDNN's NHWC one
+        on the GPU) and its channels-last output is a token view, where the reference
+        transposes to NCHW and back (two copies of V per branch).
+        """
+        g, _, c = v.shape
+        if not fast_paths_enabled():
+            return nchw_to_nlc(self.get_v(nlc_to_nchw(v, win)))
+        img = v.reshape(g, win[0], win[1], c).permute(0, 3, 1, 2)
+        out = self.get_v(img.contiguous(memory_format=torch.channels_last))
+        return out.permute(0, 2, 3, 1).reshape(g, -1, c)
 
 
 class CSWinAttention(nn.Module):
@@ -93,9 +108,12 @@ class CSWinAttention(nn.Module):
     def forward(self, x, hw, shortcut=None):
         """x: normed [B, H*W, C]; shortcut: the block input (for the mean token)."""
         q, k, v = self.qkv(x).chunk(3, dim=-1)
-        mean = (shortcut if shortcut is not None else x).mean(dim=1)
-        parts = len(self.attns)
-        split = [t.chunk(parts, dim=-1) for t in (q, k, v, mean)]
-        out = torch.cat([branch(split[0][i], split[1][i], split[2][i], hw, split[3][i])
+        # only InLine branches read the mean token (one branch over the whole map)
+        mean = (shortcut if shortcut is not None else x).mean(dim=1) \
+            if self.attns[0].attn_type == 'I' else None
+        if len(self.attns) == 1:  # one branch: no split, no concatenation copy
+            return self.proj_drop(self.proj(self.attns[0](q, k, v, hw, mean)))
+        split = [t.chunk(2, dim=-1) for t in (q, k, v)]
+        out = torch.cat([branch(split[0][i], split[1][i], split[2][i], hw, None)
                          for i, branch in enumerate(self.attns)], dim=-1)
         return self.proj_drop(self.proj(out))

@@ -4,12 +4,14 @@ The relative position index of a window, the additive mask of shifted / padded
 windows (CSWin's padded stripes use it too: a stripe is a window), the per-key mask
 of padded windows (InLine), and :class:`WindowAttention`.
 """
-from typing import Optional, Tuple
+from collections import OrderedDict
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
-from mmplugin_inline.core import crop_to, pad_to_multiple, window_partition, window_reverse
+from mmplugin_inline.core import (crop_to, fast_paths_enabled, pad_to_multiple, window_partition,
+                                  window_reverse)
 from mmplugin_inline.core.tokens import known_equal
 
 from .attention import MultiHeadAttentionBase
@@ -32,13 +34,60 @@ def relative_position_index(window: Tuple[int, int], table_window: Tuple[int, in
     return rel[..., 0] * (2 * table_window[1] - 1) + rel[..., 1]
 
 
+#: masks built for recent (size, window, shift, device) keys; the oldest is dropped past
+#: MASK_CACHE_SIZE (a detector sees a few sizes per stage, a test many)
+_mask_cache: 'OrderedDict[tuple, Optional[torch.Tensor]]' = OrderedDict()
+MASK_CACHE_SIZE = 64
+
+
+def cached_mask(key: tuple, build: Callable[[], Optional[torch.Tensor]]):
+    """``build()``, remembered under ``key`` (sizes, window, shift, device).
+
+    The masks depend only on sizes, so every block of a stage and every forward at the
+    same size share one (they were rebuilt per block and forward: ``ne``, ``bitwise_or``,
+    ``fill_`` and partition copies, a few % of a CSWin forward). Not cached, so built as
+    before: on the reference paths, and while sizes are not plain integers or a graph is
+    being captured (``torch.export`` / ONNX with dynamic sizes, ``torch.compile``, jit
+    tracing), where the mask must stay an expression of the input size in the graph.
+    On CUDA the cached mask stays on its device; callers never write into it.
+    """
+    if not fast_paths_enabled() or not all(type(k) in (int, bool, str, tuple) for k in key) \
+            or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return build()
+    if key in _mask_cache:
+        _mask_cache.move_to_end(key)
+        return _mask_cache[key]
+    # a mask made under inference_mode would be an inference tensor, which a later
+    # training forward could not save for its backward
+    with torch.inference_mode(False), torch.no_grad():
+        mask = build()
+    if mask is not None and type(mask) is not torch.Tensor:  # a fake / traced tensor
+        return mask
+    _mask_cache[key] = mask
+    if len(_mask_cache) > MASK_CACHE_SIZE:
+        _mask_cache.popitem(last=False)
+    return mask
+
+
+def _plain(*sizes) -> bool:
+    return all(type(s) is int for s in sizes)
+
+
 def shifted_window_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: Tuple[int, int],
                         shift: Tuple[int, int], device=None) -> Optional[torch.Tensor]:
     """Additive mask for (shifted) windows over a padded map, [nW, N, N], or None.
 
     Keys in another shift region than the query, and keys in the padding (outside
-    ``valid_hw``), get :data:`MASK_VALUE`. Built from the padded size at each forward.
+    ``valid_hw``), get :data:`MASK_VALUE`. Built from the padded size, once per size
+    (:func:`cached_mask`). The caller must not write into the result.
     """
+    key = ('shift', *hw, *valid_hw, *window, *shift, str(device))
+    if not _plain(*hw, *valid_hw, *window, *shift):
+        key = (None,)  # symbolic sizes: built, never cached
+    return cached_mask(key, lambda: _shifted_window_mask(hw, valid_hw, window, shift, device))
+
+
+def _shifted_window_mask(hw, valid_hw, window, shift, device):
     (h, w), (vh, vw) = hw, valid_hw
     if not any(shift) and known_equal(vh, h) and known_equal(vw, w):
         return None
@@ -66,8 +115,16 @@ def padding_key_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: Tup
 
     Returns a bool [batch * nW, wh * ww] (windows batch-major, as
     :func:`~mmplugin_inline.core.window_partition` orders them), or None when the map
-    ``hw`` has no padding beyond ``valid_hw``.
+    ``hw`` has no padding beyond ``valid_hw``. Cached per size (:func:`cached_mask`);
+    the caller must not write into the result.
     """
+    key = ('pad', *hw, *valid_hw, *window, batch, str(device))
+    if not _plain(*hw, *valid_hw, *window, batch):
+        key = (None,)
+    return cached_mask(key, lambda: _padding_key_mask(hw, valid_hw, window, batch, device))
+
+
+def _padding_key_mask(hw, valid_hw, window, batch, device):
     (h, w), (vh, vw) = hw, valid_hw
     if known_equal(vh, h) and known_equal(vw, w):
         return None
@@ -132,6 +189,8 @@ class WindowAttention(MultiHeadAttentionBase):
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
         """x: [B, H*W, C] -> [B, H*W, C]."""
+        if self.attn_type == 'I' and fast_paths_enabled():
+            return self._inline_windows(x, hw)
         b, n, c = x.shape
         h, w = hw
         ws = self.window_size
@@ -158,6 +217,32 @@ class WindowAttention(MultiHeadAttentionBase):
         out = crop_to(out, hw).reshape(b, n, c)
         return self.proj_drop(self.proj(out))
 
+    def _inline_windows(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
+        """InLine in windows, projecting the real tokens only and padding after.
+
+        The reference (:meth:`forward` on the reference paths) pads ``x`` first, so the
+        projection ran on tokens that are masked and cropped away (a 128 map in 14
+        windows is padded to 140: 20% more tokens). Here q, k, v of the padding are
+        zeros: the padded keys are masked out of every statistic either way, padded
+        values are zero for the local residual either way, and the padded queries'
+        outputs are cropped, so the result is the same.
+        """
+        b, n, c = x.shape
+        h, w = hw
+        ws = self.window_size
+        qkv, _ = pad_to_multiple(self.qkv(x).view(b, h, w, 3 * c), (ws, ws))
+        hp, wp = qkv.shape[1:3]
+        q, k, v = window_partition(qkv, (ws, ws)).chunk(3, dim=-1)      # [B*nW, ws*ws, C]
+        valid = padding_key_mask((hp, wp), (h, w), (ws, ws), b, x.device)
+        # the mean token of each window's real tokens: window sums of the zero-padded
+        # map over the count of real tokens (no window copy of x is made)
+        xm, _ = pad_to_multiple(x.view(b, h, w, c), (ws, ws))
+        sums = xm.view(b, hp // ws, ws, wp // ws, ws, c).sum(dim=(2, 4)).reshape(-1, c)
+        count = ws * ws if valid is None else valid.sum(dim=1, keepdim=True).to(x.dtype)
+        out = self.attend(q, k, v, (ws, ws), mean_token=sums / count, key_mask=valid)
+        out = crop_to(window_reverse(out, (ws, ws), (hp, wp)), hw).reshape(b, n, c)
+        return self.proj_drop(self.proj(out))
+
     def _softmax_windows(self, q, k, v, mask, batch):
         """Softmax per window with relative position bias and the window mask."""
         bias = None
@@ -168,5 +253,7 @@ class WindowAttention(MultiHeadAttentionBase):
             mask = mask.unsqueeze(1)                                         # [nW, 1, N, N]
             bias = mask if bias is None else bias.unsqueeze(0) + mask
             # windows are ordered batch-major: [B*nW, ...] -> per-window bias repeated over B
-            bias = bias.repeat(batch, 1, 1, 1)
+            # (not for a batch of one: the copy would be of the whole [nW, heads, N, N])
+            if not (known_equal(batch, 1) and fast_paths_enabled()):
+                bias = bias.repeat(batch, 1, 1, 1)
         return self.attend(q, k, v, bias=bias)
