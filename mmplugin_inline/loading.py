@@ -68,9 +68,6 @@ class CheckpointDownloadError(CheckpointError):
 
 _ZIP_MAGIC = b'PK\x03\x04'
 _PICKLE_PROTO = b'\x80'
-# what a download that stopped early, or a cloud share's landing page, tends to raise
-_DAMAGE_ERRORS = (EOFError, zipfile.BadZipFile, pickle.UnpicklingError, UnicodeDecodeError,
-                  ValueError, RuntimeError, OSError)
 
 
 def _looks_like_html(head: bytes) -> bool:
@@ -107,10 +104,11 @@ def damage_of(path: str) -> Optional[str]:
         try:
             with zipfile.ZipFile(path) as archive:
                 names = archive.namelist()
-        except (zipfile.BadZipFile, OSError):
+        except Exception:  # noqa: BLE001 - BadZipFile, OSError, and what a corrupt directory
+            # raises from zipfile (UnicodeDecodeError, NotImplementedError, struct.error, ...)
             return (f'is truncated or corrupt ({_human_size(size)}): it starts like a torch.save '
-                    'zip checkpoint but its end (the zip directory) is missing; the download '
-                    'was probably interrupted. Download it again')
+                    'zip checkpoint but its end (the zip directory) is missing or damaged; the '
+                    'download was probably interrupted. Download it again')
         if not any(name.endswith('data.pkl') for name in names):
             return (f'is a zip archive ({_human_size(size)}) but not a torch checkpoint (no '
                     'data.pkl inside); was it saved with torch.jit.save, or is it a zipped '
@@ -143,12 +141,23 @@ def _checked_local_file(path: str) -> str:
     return path
 
 
-def _read_failure(path: str, exc: BaseException) -> DamagedCheckpointError:
-    """The error for a file that passed :func:`damage_of` but could not be read."""
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return _damaged(path, f'could not be read ({_human_size(osp.getsize(path))}): '
-                          f'{type(exc).__name__}: {first}. It is probably truncated or corrupt '
-                          '(an interrupted download); download it again')
+def _read_failure(path: str, exc: BaseException) -> CheckpointError:
+    """The error for a file that passed :func:`damage_of` (and the safety policy) but could
+    not be read: whatever torch or the unpickler raised (``IndexError``, ``KeyError``,
+    ``struct.error``, ``UnicodeDecodeError``, ``MemoryError``, ...) means the bytes are not
+    what ``torch.save`` wrote. The one exception is a sound file saved on a device this
+    machine lacks, which is a plain :class:`CheckpointError` saying so."""
+    first = (str(exc).strip().splitlines() or [''])[0]
+    if isinstance(exc, RuntimeError) and 'Attempting to deserialize object on' in first:
+        return CheckpointError(f'Checkpoint {path} was saved on a device this machine does not '
+                               f"have ({first}); load it with map_location='cpu'.")
+    what = f'{type(exc).__name__}: {first}' if first else type(exc).__name__
+    if isinstance(exc, MemoryError):
+        what += (' (a size recorded in the file asks for more memory than the machine has; '
+                 'in a file of this size that is a corrupt size field)')
+    return _damaged(path, f'could not be read ({_human_size(osp.getsize(path))}): {what}. It is '
+                          'probably truncated or corrupt (an interrupted download or copy); '
+                          'download or copy it again')
 
 
 # --------------------------------------------------------------------------- data-only loading
@@ -255,7 +264,9 @@ def load_weights(path: str, map_location='cpu', allow_unsafe: bool = False):
             return torch.load(path, map_location=map_location, weights_only=False)
         return torch.load(path, map_location=map_location, weights_only=False,
                           pickle_module=_DataOnlyPickleModule)
-    except _DAMAGE_ERRORS as exc:
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to read the bytes is damage
         raise _read_failure(path, exc) from exc
 
 
@@ -404,7 +415,9 @@ def load_run_checkpoint(filename: str, map_location=None, allow_unsafe: bool = F
         if 'Weights only load failed' in str(exc) or 'Unsupported global' in str(exc):
             raise _refusal(filename, exc) from exc
         raise _read_failure(filename, exc) from exc
-    except _DAMAGE_ERRORS as exc:
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to read the bytes is damage
         raise _read_failure(filename, exc) from exc
 
 

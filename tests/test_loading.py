@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
-from mmplugin_inline.loading import (CheckpointDownloadError, DamagedCheckpointError, SetAside,
-                                     cache_dir, cached_file, load_run_checkpoint, load_weights,
-                                     url_file_name)
+from mmplugin_inline.loading import (CheckpointDownloadError, CheckpointError,
+                                     DamagedCheckpointError, SetAside, cache_dir, cached_file,
+                                     load_run_checkpoint, load_weights, url_file_name)
 from mmplugin_inline.registry import MODELS
 from mmplugin_inline.utils.preflight import checkpoint_problems
 
@@ -203,6 +203,57 @@ def test_damaged_files_get_their_own_error_everywhere(tmp_path):
                 assert f'{path.stat().st_size} bytes' in message or 'KiB' in message
         if name == 'html':
             assert '?dl=1' in message
+
+
+def run_like_checkpoint():
+    """A small checkpoint shaped like a run's: two tensors, an int and a nested config."""
+    generator = torch.Generator().manual_seed(0)
+    return {'meta': {'epoch': 3, 'cfg': {'model': {'type': 'MaskRCNN', 'depths': [2, 2]},
+                                         'optim_wrapper': {'optimizer': {'lr': 0.01}}}},
+            'state_dict': {'backbone.w': torch.randn(4, 3, generator=generator),
+                           'backbone.b': torch.randn(3, generator=generator)},
+            'iter': 12}
+
+
+def test_every_one_byte_change_of_a_legacy_file_loads_or_is_a_checkpoint_error(tmp_path):
+    """Corrupt bytes used to escape as IndexError, KeyError, TypeError, struct.error,
+    AssertionError, AttributeError, MemoryError, ... Now a file that cannot be read is a
+    damaged file, whose message names the file, its size and the underlying exception."""
+    source = tmp_path / 'source.pth'
+    torch.save(run_like_checkpoint(), source, _use_new_zipfile_serialization=False)
+    data = source.read_bytes()
+    path = tmp_path / 'changed.pth'
+    outcomes = set()
+    for position in range(len(data)):
+        changed = bytearray(data)
+        changed[position] ^= 0xff
+        path.write_bytes(changed)
+        for load in (load_weights, load_run_checkpoint):
+            try:
+                load(str(path))
+                outcomes.add('loaded')
+            except CheckpointError as exc:
+                outcomes.add(type(exc).__name__)
+                if isinstance(exc, DamagedCheckpointError):
+                    message = str(exc)
+                    assert str(path) in message and f'{len(data)} bytes' in message, message
+                    if exc.__cause__ is not None:
+                        assert type(exc.__cause__).__name__ in message, message
+    assert 'DamagedCheckpointError' in outcomes and 'loaded' in outcomes
+
+
+def test_a_zip_file_with_a_corrupt_directory_is_a_damaged_file(tmp_path):
+    source = tmp_path / 'source.pth'
+    torch.save(run_like_checkpoint(), source)
+    data = bytearray(source.read_bytes())
+    directory = data.index(b'PK\x01\x02')  # the first entry of the central directory
+    data[directory + 6] = 0x80  # 'version needed to extract' 12.8: NotImplementedError
+    data[directory + 46] = 0xb7  # its name is no longer UTF-8: UnicodeDecodeError
+    path = tmp_path / 'directory.pth'
+    path.write_bytes(data)
+    for load in (load_weights, load_run_checkpoint):
+        with pytest.raises(DamagedCheckpointError, match='truncated or corrupt'):
+            load(str(path))
 
 
 def test_converter_reports_a_damaged_file_without_a_traceback(tmp_path):
