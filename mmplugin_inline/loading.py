@@ -27,9 +27,11 @@ truncated, a web page saved under a ``.pth`` name) gets its own error
 import contextlib
 import functools
 import inspect
+import io
 import os
 import os.path as osp
 import pickle
+import struct
 import sys
 import urllib.error
 import urllib.parse
@@ -155,6 +157,10 @@ def _read_failure(path: str, exc: BaseException) -> CheckpointError:
     if isinstance(exc, MemoryError):
         what += (' (a size recorded in the file asks for more memory than the machine has; '
                  'in a file of this size that is a corrupt size field)')
+    return _unreadable(path, what)
+
+
+def _unreadable(path: str, what: str) -> DamagedCheckpointError:
     return _damaged(path, f'could not be read ({_human_size(osp.getsize(path))}): {what}. It is '
                           'probably truncated or corrupt (an interrupted download or copy); '
                           'download or copy it again')
@@ -191,6 +197,9 @@ class SetAside:
         self.items[key] = value
 
     def append(self, value):
+        self.elements.append(value)
+
+    def add(self, value):  # a set's items, as protocol 4 pickles them
         self.elements.append(value)
 
     def extend(self, values):
@@ -237,6 +246,178 @@ class _DataOnlyPickleModule:
         return _DataOnlyUnpickler(file, **kwargs).load()
 
 
+# --------------------------------------------------------------------------- walking a file
+
+class _Damage(Exception):
+    """What a walk of a file found wrong with it (completes 'Checkpoint PATH is corrupt: ...')."""
+
+
+class _PickleWalker(pickle._Unpickler):
+    """Reads a pickle without rebuilding anything of it, to judge the file before torch does.
+
+    Every global becomes an inert :class:`SetAside` placeholder (nothing is imported or
+    called) and is recorded in ``named`` as ``(module, name)``; torch's storage records (the
+    persistent ids) are collected in ``storages`` instead of loaded. It is the pure-Python
+    unpickler, whose memo is a dict: C's unpickler, which torch's loaders use, sizes its memo
+    table by the largest index it sees, so one corrupt ``LONG_BINPUT`` index of 2**31 would
+    make it allocate and clear 32 GiB. An index larger than the pickle itself is refused here.
+    """
+    dispatch = dict(pickle._Unpickler.dispatch)
+
+    def __init__(self, file, max_memo_index: int):
+        super().__init__(file, encoding='utf-8')  # torch.load's default
+        self.named, self.storages = [], []
+        self._max_memo_index = max_memo_index
+
+    def find_class(self, module, name):
+        self.named.append((module, name))
+        return _placeholder_class(f'{module}.{name}')
+
+    def persistent_load(self, pid):
+        kind = _as_text(pid[0]) if isinstance(pid, tuple) and pid else None
+        if kind == 'storage':
+            self.storages.append(pid[1:])
+        elif kind != 'module':  # the legacy format's whole-module records
+            raise _Damage(f'its pickle has a persistent id {_shown(pid)} that torch does not '
+                          'write')
+        return _placeholder_class('persistent id')()
+
+    def _memoize_at(self, index: int) -> None:
+        if index > self._max_memo_index:
+            raise _Damage(f'its pickle stores an object at memo index {index}, more than the '
+                          'pickle has bytes (a corrupt index)')
+        if index < 0:
+            raise ValueError('negative memo index')
+        self.memo[index] = self.stack[-1]
+
+    def _load_put(self):
+        self._memoize_at(int(self.readline()[:-1]))
+
+    def _load_long_binput(self):
+        self._memoize_at(struct.unpack('<I', self.read(4))[0])
+
+    dispatch[pickle.PUT[0]] = _load_put
+    dispatch[pickle.LONG_BINPUT[0]] = _load_long_binput
+
+
+def _as_text(value):
+    return value.decode('ascii', 'replace') if isinstance(value, bytes) else value
+
+
+def _shown(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + '...'
+
+
+def _first_line(exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [''])[0]
+    return f'{type(exc).__name__}: {first}' if first else type(exc).__name__
+
+
+def _walk_pickle(walker: _PickleWalker, what: str) -> None:
+    try:
+        walker.load()
+    except _Damage:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a pickle that cannot even be walked
+        raise _Damage(f'{what} is not a well-formed pickle ({_first_line(exc)})') from exc
+
+
+def _storage_bytes(storage_type, numel, key) -> int:
+    """The bytes torch would allocate for a storage record, or :class:`_Damage`."""
+    name = getattr(storage_type, 'pickled_as', '?').rsplit('.', 1)[-1]
+    if name == 'UntypedStorage':
+        element_size = 1
+    else:
+        try:  # what torch's loaders make of the name (dtype from the class name only)
+            element_size = torch._utils._element_size(torch.serialization.StorageType(name).dtype)
+        except Exception:  # noqa: BLE001 - an unknown storage class
+            raise _Damage(f'its storage {_shown(key)} has an unknown type '
+                          f'{_shown(getattr(storage_type, "pickled_as", storage_type))}') from None
+    if type(numel) is not int or numel < 0:
+        raise _Damage(f'its storage {_shown(key)} declares {_shown(numel)} elements')
+    return numel * element_size
+
+
+def _walk_zip(path: str, size: int) -> _PickleWalker:
+    with zipfile.ZipFile(path) as archive:
+        infos = archive.infolist()
+        # torch's reader takes the folder of the first record as the archive's name
+        prefix = infos[0].filename.split('/', 1)[0] + '/' if infos else ''
+        records = {info.filename[len(prefix):]: info for info in infos
+                   if info.filename.startswith(prefix)}
+        for info in records.values():
+            if info.compress_size > size or (info.compress_type == zipfile.ZIP_STORED and
+                                             info.file_size != info.compress_size):
+                raise _Damage(f'its zip directory gives the record {info.filename} '
+                              f'{info.file_size} bytes, which the file cannot hold')
+        pkl = records.get('data.pkl')
+        if pkl is None:
+            raise _Damage(f'it has no {prefix}data.pkl record (the zip directory is damaged)')
+        try:
+            data = archive.read(pkl)  # zipfile checks the record's CRC-32
+        except Exception as exc:  # noqa: BLE001 - BadZipFile, zlib.error, EOFError, ...
+            raise _Damage(f'its record {pkl.filename} cannot be read ({_first_line(exc)})') \
+                from exc
+    walker = _PickleWalker(io.BytesIO(data), len(data))
+    _walk_pickle(walker, pkl.filename)
+    for record in walker.storages:
+        if len(record) != 4:
+            raise _Damage(f'a storage record of {pkl.filename} has {len(record)} fields, not 4')
+        storage_type, key, _, numel = record
+        needed = _storage_bytes(storage_type, numel, key)
+        info = records.get(f'data/{key}')
+        if info is None:
+            raise _Damage(f'its pickle names a storage data/{key} that the archive does not hold')
+        if needed > info.file_size:  # found before torch allocates it
+            raise _Damage(f'its storage data/{key} declares {needed} bytes, but its record '
+                          f'holds {info.file_size}')
+    return walker
+
+
+def _walk_legacy(path: str, size: int) -> _PickleWalker:
+    with open(path, 'rb') as f:
+        for _ in range(3):  # torch's magic number, protocol version and system information
+            _walk_pickle(_PickleWalker(f, size), 'its header')
+        walker = _PickleWalker(f, size)
+        _walk_pickle(walker, 'its pickle')
+        # then the list of storage keys, before the storages' bytes
+        _walk_pickle(_PickleWalker(f, size), 'its list of storages')
+    total, seen = 0, set()
+    for record in walker.storages:
+        if len(record) != 5:
+            raise _Damage(f'a storage record of its pickle has {len(record)} fields, not 5')
+        storage_type, key, _, numel, _ = record
+        needed = _storage_bytes(storage_type, numel, key)
+        if isinstance(key, str) and key not in seen:  # views name their root storage again
+            seen.add(key)
+            total += needed
+    if total > size:  # the storages' bytes follow the pickle in the same file
+        raise _Damage(f'its storages declare {total} bytes, more than the whole file holds')
+    return walker
+
+
+def _walk(path: str) -> _PickleWalker:
+    """Walk the pickle of the checkpoint at ``path`` (zip or legacy format) without rebuilding
+    anything, and check every storage it declares against what the file can hold, so that a
+    corrupt size never reaches an allocation.
+
+    Raises:
+        DamagedCheckpointError: the pickle cannot be walked, or a storage is larger than its
+            zip record (the legacy format: than the file).
+    """
+    size = osp.getsize(path)
+    with open(path, 'rb') as f:
+        zipped = f.read(len(_ZIP_MAGIC)) == _ZIP_MAGIC
+    try:
+        return _walk_zip(path, size) if zipped else _walk_legacy(path, size)
+    except _Damage as exc:
+        finding, cause = str(exc), exc.__cause__  # the exception behind it, if any
+    except Exception as exc:  # noqa: BLE001 - zipfile on a damaged archive
+        finding, cause = f'its zip archive cannot be read ({_first_line(exc)})', exc
+    raise _unreadable(path, finding) from cause
+
+
 def load_weights(path: str, map_location='cpu', allow_unsafe: bool = False):
     """Read third-party weights (a file or an ``http(s)://`` URL) as data only.
 
@@ -255,10 +436,11 @@ def load_weights(path: str, map_location='cpu', allow_unsafe: bool = False):
         CheckpointDownloadError: a URL that could not be fetched.
     """
     path = _checked_local_file(path)
+    _walk(path)
     if not allow_unsafe and os.environ.get('TORCH_FORCE_WEIGHTS_ONLY_LOAD', '0').lower() in (
             '1', 'y', 'yes', 'true'):
         # torch then refuses any custom unpickler; its own loader is the strictest reading
-        return load_run_checkpoint(path, map_location)
+        return _read_run_checkpoint(path, map_location, allow_unsafe=False)
     try:
         if allow_unsafe:
             return torch.load(path, map_location=map_location, weights_only=False)
@@ -406,13 +588,19 @@ def load_run_checkpoint(filename: str, map_location=None, allow_unsafe: bool = F
             is False.
     """
     filename = _checked_local_file(filename)
+    _walk(filename)
+    return _read_run_checkpoint(filename, map_location, allow_unsafe)
+
+
+def _read_run_checkpoint(filename: str, map_location, allow_unsafe: bool):
+    """:func:`load_run_checkpoint` on a file that is checked and walked already."""
     try:
         if allow_unsafe:
             return torch.load(filename, map_location=map_location, weights_only=False)
         with _mmengine_globals_scope():
             return torch.load(filename, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        if 'Weights only load failed' in str(exc) or 'Unsupported global' in str(exc):
+        if not allow_unsafe:  # the walk found a well-formed pickle: a refusal, not damage
             raise _refusal(filename, exc) from exc
         raise _read_failure(filename, exc) from exc
     except CheckpointError:

@@ -4,8 +4,10 @@ import importlib.util
 import logging
 import os
 import os.path as osp
+import re
 import subprocess
 import sys
+import zipfile
 
 import pytest
 import torch
@@ -253,6 +255,91 @@ def test_a_zip_file_with_a_corrupt_directory_is_a_damaged_file(tmp_path):
     path.write_bytes(data)
     for load in (load_weights, load_run_checkpoint):
         with pytest.raises(DamagedCheckpointError, match='truncated or corrupt'):
+            load(str(path))
+
+
+def _rewrite_zip(path, out, transform):
+    """Copy the torch zip file ``path`` to ``out`` with ``data.pkl`` replaced by
+    ``transform(data.pkl)``, its CRC-32 made right again."""
+    with zipfile.ZipFile(path) as archive:
+        records = [(info.filename, archive.read(info)) for info in archive.infolist()]
+    with zipfile.ZipFile(out, 'w') as archive:
+        for name, data in records:
+            archive.writestr(name, transform(data) if name.endswith('/data.pkl') else data)
+
+
+def _declaring(pickled: bytes, numel: int) -> bytes:
+    """``pickled`` with the first storage record's element count (12, after its location
+    'cpu' and the memo put) replaced by ``numel``."""
+    changed, count = re.subn(rb'(X\x03\x00\x00\x00cpuq.)K\x0c',
+                             lambda m: m.group(1) + b'\x8a\x05' + numel.to_bytes(5, 'little'),
+                             pickled, count=1, flags=re.DOTALL)
+    assert count == 1
+    return changed
+
+
+_UNDER_A_MEMORY_LIMIT = """
+import resource, sys
+from mmplugin_inline.loading import CheckpointError, load_run_checkpoint, load_weights
+peak = int(open('/proc/self/status').read().split('VmPeak:')[1].split()[0]) * 1024
+resource.setrlimit(resource.RLIMIT_AS, (peak + (1 << 30), peak + (1 << 30)))
+for path in sys.argv[1:]:
+    for load in (load_weights, load_run_checkpoint):
+        try:
+            load(path)
+            print('loaded')
+        except CheckpointError as exc:
+            print(type(exc).__name__, str(exc).replace(chr(10), ' '))
+        except MemoryError:
+            print('MemoryError')
+"""
+
+
+def test_a_corrupt_size_is_found_before_anything_is_allocated(tmp_path):
+    """A storage's element count, or a memo index, grown by a corrupt byte: the loaders find
+    it before torch or the unpickler allocates for it. Run under an address-space limit of
+    1 GiB above what the process uses, so a regression shows as a MemoryError instead of
+    taking the machine's memory."""
+    zipped, legacy = tmp_path / 'zipped.pth', tmp_path / 'legacy.pth'
+    torch.save(run_like_checkpoint(), zipped)
+    torch.save(run_like_checkpoint(), legacy, _use_new_zipfile_serialization=False)
+    huge = 1 << 36  # 256 GiB of float32
+    _rewrite_zip(zipped, tmp_path / 'zip_numel.pth', lambda data: _declaring(data, huge))
+    (tmp_path / 'legacy_numel.pth').write_bytes(_declaring(legacy.read_bytes(), huge))
+    # the main pickle's first memo put at index 2**32 - 1: C's unpickler would size its
+    # memo table for 2**33 entries (64 GiB)
+    data = legacy.read_bytes()
+    start = data.index(b'\x80\x02}q\x00(', 30)  # the main pickle, after torch's header pickles
+    (tmp_path / 'legacy_memo.pth').write_bytes(
+        data[:start + 3] + b'r\xff\xff\xff\xff' + data[start + 5:])
+    cases = {'zip_numel.pth': f'declares {huge * 4} bytes, but its record holds 48',
+             'legacy_numel.pth': f'storages declare {huge * 4 + 12} bytes, more than the whole',
+             'legacy_memo.pth': f'memo index {(1 << 32) - 1}, more than the pickle has bytes'}
+    res = subprocess.run([sys.executable, '-c', _UNDER_A_MEMORY_LIMIT] +
+                         [str(tmp_path / name) for name in cases], capture_output=True,
+                         text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.splitlines()
+    assert len(lines) == 2 * len(cases), res.stdout
+    for (name, finding), outcomes in zip(cases.items(), zip(lines[::2], lines[1::2])):
+        for line in outcomes:
+            assert line.startswith('DamagedCheckpointError') and finding in line, (name, line)
+            assert str(tmp_path / name) in line and 'probably truncated or corrupt' in line
+
+
+def test_a_changed_byte_in_the_pickle_of_a_zip_file_is_found_by_its_crc(tmp_path):
+    """The zip format keeps a CRC-32 of each record: a file whose data.pkl changed (here the
+    epoch, 3 -> 4) would load with the wrong value; it is a damaged file."""
+    path = tmp_path / 'changed.pth'
+    torch.save(run_like_checkpoint(), path)
+    data = bytearray(path.read_bytes())
+    at = data.index(b'epochq')
+    assert data[at + 7:at + 9] == b'K\x03'
+    data[at + 8] = 4
+    path.write_bytes(data)
+    for load in (load_weights, load_run_checkpoint):
+        with pytest.raises(DamagedCheckpointError, match=r'data.pkl cannot be read \(BadZipFile: '
+                                                         'Bad CRC-32'):
             load(str(path))
 
 
