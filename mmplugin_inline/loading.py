@@ -24,6 +24,7 @@ truncated, a web page saved under a ``.pth`` name) gets its own error
 (:class:`DamagedCheckpointError`), which never suggests ``allow_unsafe``.
 ``http(s)://`` names are downloaded once into the cache (:func:`cached_file`).
 """
+import _compat_pickle
 import contextlib
 import functools
 import inspect
@@ -270,6 +271,9 @@ class _PickleWalker(pickle._Unpickler):
         self._max_memo_index = max_memo_index
 
     def find_class(self, module, name):
+        if self.proto < 3 and self.fix_imports:  # Python 2 names, as pickle maps them
+            module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+            module = _compat_pickle.IMPORT_MAPPING.get(module, module)
         self.named.append((module, name))
         return _placeholder_class(f'{module}.{name}')
 
@@ -314,9 +318,10 @@ def _first_line(exc: BaseException) -> str:
     return f'{type(exc).__name__}: {first}' if first else type(exc).__name__
 
 
-def _walk_pickle(walker: _PickleWalker, what: str) -> None:
+def _walk_pickle(walker: _PickleWalker, what: str):
+    """``walker.load()``, any failure a :class:`_Damage`; returns what it read."""
     try:
-        walker.load()
+        return walker.load()
     except _Damage:
         raise
     except Exception as exc:  # noqa: BLE001 - a pickle that cannot even be walked
@@ -351,6 +356,8 @@ def _walk_zip(path: str, size: int) -> _PickleWalker:
                                              info.file_size != info.compress_size):
                 raise _Damage(f'its zip directory gives the record {info.filename} '
                               f'{info.file_size} bytes, which the file cannot hold')
+            if info.external_attr & 0x10:  # torch writes 0; miniz would read it as a folder
+                raise _Damage(f'its zip directory marks the record {info.filename} as a folder')
         pkl = records.get('data.pkl')
         if pkl is None:
             raise _Damage(f'it has no {prefix}data.pkl record (the zip directory is damaged)')
@@ -377,12 +384,17 @@ def _walk_zip(path: str, size: int) -> _PickleWalker:
 
 def _walk_legacy(path: str, size: int) -> _PickleWalker:
     with open(path, 'rb') as f:
-        for _ in range(3):  # torch's magic number, protocol version and system information
-            _walk_pickle(_PickleWalker(f, size), 'its header')
+        # torch's magic number, protocol version and system information, as torch checks them
+        header = [_walk_pickle(_PickleWalker(f, size), 'its header') for _ in range(3)]
+        if header[:2] != [torch.serialization.MAGIC_NUMBER, torch.serialization.PROTOCOL_VERSION] \
+                or not isinstance(header[2], dict):
+            raise _Damage(f'its header is not the one torch.save writes ({_shown(header)})')
         walker = _PickleWalker(f, size)
         _walk_pickle(walker, 'its pickle')
-        # then the list of storage keys, before the storages' bytes
-        _walk_pickle(_PickleWalker(f, size), 'its list of storages')
+        # then the names of the storages whose bytes follow
+        keys = _walk_pickle(_PickleWalker(f, size), 'its list of storages')
+        if not (isinstance(keys, list) and all(isinstance(key, str) for key in keys)):
+            raise _Damage(f'its list of storages is not a list of names ({_shown(keys)})')
     total, seen = 0, set()
     for record in walker.storages:
         if len(record) != 5:

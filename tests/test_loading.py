@@ -343,6 +343,26 @@ def test_a_changed_byte_in_the_pickle_of_a_zip_file_is_found_by_its_crc(tmp_path
             load(str(path))
 
 
+def test_damage_to_the_records_torch_writes_itself_is_not_reported_as_unsafe(tmp_path):
+    """Corrupt bytes that still make a pickle used to be refused as 'unsafe' by
+    weights_only, pushing towards --allow-unsafe."""
+    legacy = tmp_path / 'legacy.pth'
+    torch.save(run_like_checkpoint(), legacy, _use_new_zipfile_serialization=False)
+    data = legacy.read_bytes()
+    end = data.index(b'e.', data.index(b'\x80\x02]q\x00('))  # the storage list's APPENDS
+    (tmp_path / 'keys.pth').write_bytes(data[:end] + b'd' + data[end + 1:])  # -> DICT
+    zipped = tmp_path / 'zipped.pth'
+    torch.save(run_like_checkpoint(), zipped)
+    data = bytearray(zipped.read_bytes())
+    data[data.index(b'PK\x01\x02') + 38] = 0x10  # data.pkl's MS-DOS attributes: a folder
+    (tmp_path / 'folder.pth').write_bytes(data)
+    for name, finding in (('keys.pth', 'its list of storages is not a list of names'),
+                          ('folder.pth', 'marks the record zipped/data.pkl as a folder')):
+        for load in (load_weights, load_run_checkpoint):
+            with pytest.raises(DamagedCheckpointError, match=finding):
+                load(str(tmp_path / name))
+
+
 def test_converter_reports_a_damaged_file_without_a_traceback(tmp_path):
     path, _ = _damaged_files(tmp_path)['truncated']
     res = subprocess.run([sys.executable, 'tools/model_converters/inline2mm.py', str(path),
