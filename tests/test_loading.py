@@ -363,6 +363,84 @@ def test_damage_to_the_records_torch_writes_itself_is_not_reported_as_unsafe(tmp
                 load(str(tmp_path / name))
 
 
+def _renamed(data: bytes, old: bytes, new: bytes) -> bytes:
+    assert len(old) == len(new) and data.count(old) >= 1
+    return data.replace(old, new)
+
+
+def test_a_name_that_does_not_exist_is_damage_not_unsafe(tmp_path):
+    """A flipped byte in a global's name: weights_only refuses a name it does not know, but
+    a name that does not exist cannot be a reason for --allow-unsafe."""
+    legacy, zipped = tmp_path / 'legacy.pth', tmp_path / 'zipped.pth'
+    torch.save(run_like_checkpoint(), legacy, _use_new_zipfile_serialization=False)
+    torch.save(run_like_checkpoint(), zipped)
+    flipped = (b'_rebuild_tensor_v2', b'_rebuild_tenWor_v2')
+    (tmp_path / 'legacy_name.pth').write_bytes(_renamed(legacy.read_bytes(), *flipped))
+    _rewrite_zip(zipped, tmp_path / 'zip_name.pth', lambda data: _renamed(data, *flipped))
+    for name in ('legacy_name.pth', 'zip_name.pth'):
+        for load in (load_weights, load_run_checkpoint):  # torch's names: both loaders
+            with pytest.raises(DamagedCheckpointError) as info:
+                load(str(tmp_path / name))
+            assert ('names `torch._utils._rebuild_tenWor_v2`, which does not exist: the file '
+                    'is probably corrupt') in str(info.value)
+            assert 'allow_unsafe' not in str(info.value)
+    (tmp_path / 'module.pth').write_bytes(
+        _renamed(legacy.read_bytes(), b'collections\nOrderedDict', b'collectionr\nOrderedDict'))
+    with pytest.raises(DamagedCheckpointError, match='but there is no module `collectionr`: the '
+                                                     'file is probably corrupt'):
+        load_run_checkpoint(str(tmp_path / 'module.pth'))
+
+
+def test_a_run_checkpoint_naming_a_package_that_is_not_installed(tmp_path):
+    """The authors' training-format file names yacs, which is not installed: no loader
+    option can read it as a run checkpoint, and the message says how to use it."""
+    assert importlib.util.find_spec('yacs') is None
+    with pytest.raises(DamagedCheckpointError) as info:
+        load_run_checkpoint(AUTHORS_MAX_ACC)
+    message = str(info.value)
+    assert 'names `yacs.config.CfgNode`, but there is no module `yacs`' in message
+    assert "init_cfg=dict(type='Pretrained'" in message and 'allow_unsafe' not in message
+    assert 'yacs' not in sys.modules
+
+
+def test_deciding_whether_a_name_exists_imports_nothing(tmp_path, monkeypatch):
+    """Importing a module runs its code: absent_global never imports what a file names,
+    neither a module that is not imported yet nor a submodule of an imported package."""
+    from mmplugin_inline.loading import absent_global
+    marker = tmp_path / 'imported'
+    code = f'open({str(marker)!r}, "a").write(__name__ + " ")\nclass Settings: pass\n'
+    (tmp_path / 'lone_module.py').write_text(code)
+    (tmp_path / 'side_package').mkdir()
+    (tmp_path / 'side_package' / '__init__.py').write_text('')
+    (tmp_path / 'side_package' / 'sub.py').write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import side_package  # noqa: F401  (imported by someone else; its submodule is not)
+    cases = {
+        ('torch._utils', '_rebuild_tensor_v2'): None,
+        ('torch._utils', '_rebuild_tenWor_v2'):
+            'names `torch._utils._rebuild_tenWor_v2`, which does not exist',
+        ('torch._utiXs', '_rebuild_tensor_v2'):
+            'names `torch._utiXs._rebuild_tensor_v2`, but there is no module `torch._utiXs`',
+        ('torcX._utils', '_rebuild_tensor_v2'):
+            'names `torcX._utils._rebuild_tensor_v2`, but there is no module `torcX`',
+        ('collections', 'OrderedDict'): None,
+        ('mmengine.logging.history_buffer', 'HistoryBuffer.min'): None,  # a nested name
+        ('torch._utils', '_rebuild\x00tensor'): "names 'torch._utils._rebuild\\x00tensor', "
+                                                 'which is not a Python name',
+        ('torch', 'no_such_name'): None,  # torch makes names on demand (__getattr__): unknown
+        ('lone_module', 'Settings'): None,  # exists, not imported: left unknown
+        ('lone_module.deeper', 'Settings'): None,
+        ('side_package.sub', 'NoSuchClass'): None,
+        ('side_package.nothing_here', 'Settings'):
+            'names `side_package.nothing_here.Settings`, but there is no module '
+            '`side_package.nothing_here`',
+    }
+    for (module, name), expected in cases.items():
+        assert absent_global(module, name) == expected, (module, name)
+    assert not marker.exists()
+    assert 'lone_module' not in sys.modules and 'side_package.sub' not in sys.modules
+
+
 def test_converter_reports_a_damaged_file_without_a_traceback(tmp_path):
     path, _ = _damaged_files(tmp_path)['truncated']
     res = subprocess.run([sys.executable, 'tools/model_converters/inline2mm.py', str(path),
