@@ -30,12 +30,14 @@ not exist here, :func:`absent_global`), and any exception while torch reads it i
 import _compat_pickle
 import contextlib
 import functools
+import hashlib
 import importlib.util
 import inspect
 import io
 import os
 import os.path as osp
 import pickle
+import re
 import struct
 import sys
 import types
@@ -53,7 +55,7 @@ __all__ = [
     'cached_file', 'cache_dir', 'url_file_name', 'probe_url', 'is_url',
     'mmengine_checkpoint_globals', 'register_mmengine_safe_globals',
     'mmengine_checkpoint_loading', 'guard_runner_checkpoints', 'check_checkpoint_file',
-    'absent_global',
+    'absent_global', 'published_sha256', 'sha256_of', 'verify_published_file',
 ]
 
 
@@ -143,10 +145,70 @@ def check_checkpoint_file(path: str) -> None:
         raise _damaged(path, reason)
 
 
-def _checked_local_file(path: str) -> str:
-    """The local file behind ``path`` (a URL is downloaded once), checked for damage."""
-    path = cached_file(path) if is_url(path) else osp.expanduser(path)
+# --------------------------------------------------------------------------- published files
+
+# ``NAME-<8 to 64 hex digits>.pth``: publish_model.py's names, mmdet's and torch hub's
+_HASH_SUFFIX = re.compile(r'-([0-9a-f]{8,64})\.pth$')
+_HASH_OPT_OUT = ("verify_hash=False: an argument of the loaders, a key of the backbone's "
+                 "init_cfg=dict(type='Pretrained', ...), a top-level config key for load_from "
+                 'and --resume, --no-verify-hash for the converter')
+
+
+def published_sha256(path: str) -> Optional[str]:
+    """The sha256 prefix that a published file's name declares, or None.
+
+    ``mask-rcnn_inline-pvt-t_coco-1a2b3c4d.pth`` -> ``'1a2b3c4d'``.
+    """
+    match = _HASH_SUFFIX.search(osp.basename(path))
+    return match.group(1) if match else None
+
+
+def sha256_of(path: str, chunk: int = 1 << 20) -> str:
+    """The hex sha256 digest of a file's bytes, read ``chunk`` bytes at a time."""
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(chunk), b''):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_published_file(path: str, shown_as: Optional[str] = None) -> None:
+    """Check a file whose name ends in ``-<hex>.pth`` against that sha256 prefix; other
+    names are not checked. The whole file is hashed, 1 MiB at a time.
+
+    Args:
+        path (str): the file.
+        shown_as (str, optional): how the message names it (a downloaded file's URL).
+            Default: ``path``.
+
+    Raises:
+        DamagedCheckpointError: the file's sha256 does not start with the declared digits.
+    """
+    expected = published_sha256(path)
+    if expected is None:
+        return
+    found = sha256_of(path)
+    if not found.startswith(expected):
+        raise DamagedCheckpointError(
+            f'Checkpoint {shown_as or path} does not match the hash in its name '
+            f'({_human_size(osp.getsize(path))}): expected sha256 {expected}..., the file has '
+            f'{found[:len(expected)]}...: the file changed after publishing, or the download '
+            'is damaged; if the suffix is not a hash, rename the file or turn the check off '
+            f'({_HASH_OPT_OUT}).')
+
+
+def _checked_local_file(path: str, verify_hash: bool = True) -> str:
+    """The local file behind ``path`` (a URL is downloaded once, and its hash verified then),
+    checked for damage, and for a published file's name, against its hash
+    (:func:`verify_published_file`)."""
+    if is_url(path):
+        path = cached_file(path, verify_hash=verify_hash)
+        check_checkpoint_file(path)
+        return path
+    path = osp.expanduser(path)
     check_checkpoint_file(path)
+    if verify_hash:
+        verify_published_file(path)
     return path
 
 
@@ -540,7 +602,8 @@ def _check_names(path: str, named, every_module: bool) -> None:
 
 
 
-def load_weights(path: str, map_location='cpu', allow_unsafe: bool = False):
+def load_weights(path: str, map_location='cpu', allow_unsafe: bool = False,
+                 verify_hash: bool = True):
     """Read third-party weights (a file or an ``http(s)://`` URL) as data only.
 
     Args:
@@ -548,16 +611,19 @@ def load_weights(path: str, map_location='cpu', allow_unsafe: bool = False):
         map_location: as for ``torch.load``. Default: 'cpu'.
         allow_unsafe (bool): full unpickling instead (runs code from the file; only for
             files you trust). Default: False.
+        verify_hash (bool): check a file named ``NAME-<hex>.pth`` against that sha256
+            prefix (:func:`verify_published_file`). Default: True.
 
     Returns:
         the loaded object; non-data objects are :class:`SetAside` placeholders.
 
     Raises:
         FileNotFoundError: no such file.
-        DamagedCheckpointError: empty, truncated, a web page, not a checkpoint.
+        DamagedCheckpointError: empty, truncated, a web page, not a checkpoint, corrupt,
+            not the published hash.
         CheckpointDownloadError: a URL that could not be fetched.
     """
-    path = _checked_local_file(path)
+    path = _checked_local_file(path, verify_hash)
     _check_names(path, _walk(path).named, every_module=allow_unsafe)
     if not allow_unsafe and os.environ.get('TORCH_FORCE_WEIGHTS_ONLY_LOAD', '0').lower() in (
             '1', 'y', 'yes', 'true'):
@@ -698,18 +764,22 @@ def _mmengine_globals_scope() -> Iterator[None]:
         yield
 
 
-def load_run_checkpoint(filename: str, map_location=None, allow_unsafe: bool = False):
+def load_run_checkpoint(filename: str, map_location=None, allow_unsafe: bool = False,
+                        verify_hash: bool = True):
     """Load one of the run's own checkpoints (``weights_only=True`` + mmengine allow-list).
 
-    Drop-in for mmengine's ``load_from_local`` (same signature); also takes URLs.
+    Drop-in for mmengine's ``load_from_local`` (same signature); also takes URLs. A file
+    named ``NAME-<hex>.pth`` is checked against that sha256 prefix unless ``verify_hash``
+    is False.
 
     Raises:
         FileNotFoundError: the file does not exist.
-        DamagedCheckpointError: empty, truncated, a web page, not a checkpoint.
+        DamagedCheckpointError: empty, truncated, a web page, not a checkpoint, corrupt,
+            not the published hash.
         UnsafeCheckpointError: it needs more than the allow-list and ``allow_unsafe``
             is False.
     """
-    filename = _checked_local_file(filename)
+    filename = _checked_local_file(filename, verify_hash)
     _check_names(filename, _walk(filename).named, every_module=True)
     return _read_run_checkpoint(filename, map_location, allow_unsafe)
 
@@ -732,8 +802,10 @@ def _read_run_checkpoint(filename: str, map_location, allow_unsafe: bool):
 
 
 @contextlib.contextmanager
-def mmengine_checkpoint_loading(allow_unsafe: bool = False) -> Iterator[None]:
-    """Within the block, mmengine reads checkpoints with :func:`load_run_checkpoint`.
+def mmengine_checkpoint_loading(allow_unsafe: bool = False,
+                                verify_hash: bool = True) -> Iterator[None]:
+    """Within the block, mmengine reads checkpoints with :func:`load_run_checkpoint`
+    (``allow_unsafe`` and ``verify_hash`` as there).
 
     Replaces the loaders that mmengine's ``CheckpointLoader`` uses for local paths and
     for ``http://`` / ``https://`` URLs and restores them on exit; other schemes
@@ -742,7 +814,8 @@ def mmengine_checkpoint_loading(allow_unsafe: bool = False) -> Iterator[None]:
     from mmengine.runner.checkpoint import CheckpointLoader
 
     def load_checkpoint_of_the_run(filename, map_location=None):  # mmengine logs the name
-        return load_run_checkpoint(filename, map_location, allow_unsafe=allow_unsafe)
+        return load_run_checkpoint(filename, map_location, allow_unsafe=allow_unsafe,
+                                   verify_hash=verify_hash)
 
     prefixes = ('', 'http://', 'https://')
     previous = {p: CheckpointLoader._schemes.get(p) for p in prefixes}
@@ -758,7 +831,7 @@ def mmengine_checkpoint_loading(allow_unsafe: bool = False) -> Iterator[None]:
                 CheckpointLoader.register_scheme(prefix, loader, force=True)
 
 
-def guard_runner_checkpoints(runner, allow_unsafe: bool = False):
+def guard_runner_checkpoints(runner, allow_unsafe: bool = False, verify_hash: bool = True):
     """Make ``runner`` resume / ``load_from`` through :func:`mmengine_checkpoint_loading`.
 
     Only the runner's ``load_or_resume`` step (what ``--resume``, ``load_from`` and
@@ -771,7 +844,7 @@ def guard_runner_checkpoints(runner, allow_unsafe: bool = False):
     original = runner.load_or_resume
 
     def load_or_resume():
-        with mmengine_checkpoint_loading(allow_unsafe):
+        with mmengine_checkpoint_loading(allow_unsafe, verify_hash):
             return original()
 
     runner.load_or_resume = load_or_resume
@@ -818,9 +891,10 @@ def _download_error(url: str, exc: BaseException) -> CheckpointDownloadError:
         'and give the local path instead of the URL.')
 
 
-def _fetch(url: str, destination: str, progress: bool) -> None:
+def _fetch(url: str, destination: str, progress: bool, verify_hash: bool = True) -> None:
     """Download ``url`` to ``destination`` (atomically, with a progress bar); refuse a web
-    page or a damaged file, leaving nothing in the cache."""
+    page, a damaged file or one that is not the hash in its name, leaving nothing in the
+    cache."""
     os.makedirs(osp.dirname(destination), exist_ok=True)
     try:
         torch.hub.download_url_to_file(url, destination, progress=progress)
@@ -836,6 +910,13 @@ def _fetch(url: str, destination: str, progress: bool) -> None:
                 'https://cloud.tsinghua.edu.cn/f/KEY/?dl=1); otherwise open the link in a '
                 'browser and download the file yourself.')
         raise CheckpointDownloadError(f'The file downloaded from {url} {reason}.')
+    if verify_hash:  # once, here: a file in the cache came through this check
+        try:
+            verify_published_file(destination, shown_as=url)
+        except DamagedCheckpointError as exc:
+            os.remove(destination)
+            raise DamagedCheckpointError(f'{exc} The downloaded file was deleted from the '
+                                         'cache; the next run downloads it again.') from None
 
 
 def _local_rank_and_world() -> tuple:
@@ -847,8 +928,12 @@ def _local_rank_and_world() -> tuple:
     return int(os.environ.get('LOCAL_RANK', rank)), world_size
 
 
-def cached_file(url: str, directory: Optional[str] = None, progress: Optional[bool] = None) -> str:
+def cached_file(url: str, directory: Optional[str] = None, progress: Optional[bool] = None,
+                verify_hash: bool = True) -> str:
     """The local path of ``url``'s file, downloading it into the cache the first time.
+
+    A file named ``NAME-<hex>.pth`` (torch hub's and mmdet's published names) is checked
+    against that sha256 prefix once, right after the download; a mismatch deletes it.
 
     Under a distributed launcher only the local rank 0 of each machine downloads; the
     other ranks wait for it, then read the cached file.
@@ -857,9 +942,11 @@ def cached_file(url: str, directory: Optional[str] = None, progress: Optional[bo
         url (str): ``http://`` or ``https://`` address.
         directory (str, optional): the cache. Default: :func:`cache_dir`.
         progress (bool, optional): show a progress bar. Default: when stderr is a terminal.
+        verify_hash (bool): check a published name's hash after the download. Default: True.
 
     Raises:
         CheckpointDownloadError: 404, refused connection, a web page, a damaged file.
+        DamagedCheckpointError: the download does not match the hash in its name.
     """
     destination = osp.join(directory or cache_dir(), url_file_name(url))
     if progress is None:
@@ -870,8 +957,8 @@ def cached_file(url: str, directory: Optional[str] = None, progress: Optional[bo
         from mmengine.logging import print_log
         print_log(f'Downloading {url} to {destination}', logger='current')
         try:
-            _fetch(url, destination, progress)
-        except CheckpointDownloadError as exc:
+            _fetch(url, destination, progress, verify_hash)
+        except CheckpointError as exc:
             error = exc
     if world_size > 1:
         import torch.distributed as dist

@@ -449,6 +449,90 @@ def test_converter_reports_a_damaged_file_without_a_traceback(tmp_path):
     assert 'truncated' in res.stderr and '--allow-unsafe' not in res.stderr
 
 
+# --------------------------------------------------------------------------- published files
+
+def _published(directory, stem='model'):
+    """A run-like checkpoint saved as ``STEM-<its sha256[:8]>.pth``; returns the path."""
+    from mmplugin_inline.loading import sha256_of
+    tmp = directory / 'unnamed.pth'
+    torch.save(run_like_checkpoint(), tmp)
+    path = directory / f'{stem}-{sha256_of(str(tmp))[:8]}.pth'
+    tmp.rename(path)
+    return path
+
+
+def _one_float_changed(path):
+    """Change one byte of the last tensor's data: the file still loads, with another value."""
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as archive:
+        info = max((i for i in archive.infolist() if '/data/' in i.filename),
+                   key=lambda i: i.header_offset)
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    data[start + 1] ^= 0x01
+    path.write_bytes(data)
+
+
+def test_a_published_file_is_checked_against_the_hash_in_its_name(tmp_path):
+    from mmplugin_inline.loading import sha256_of
+    path = _published(tmp_path)
+    expected = path.name[len('model-'):-len('.pth')]
+    for load in (load_weights, load_run_checkpoint):
+        assert load(str(path))['iter'] == 12
+    _one_float_changed(path)
+    found = sha256_of(str(path))
+    for load in (load_weights, load_run_checkpoint):
+        with pytest.raises(DamagedCheckpointError) as info:
+            load(str(path))
+        assert (f'expected sha256 {expected}..., the file has {found[:8]}...: the file changed '
+                'after publishing, or the download is damaged; if the suffix is not a hash, '
+                'rename the file or turn the check off') in str(info.value)
+        assert str(path) in str(info.value) and 'allow_unsafe' not in str(info.value)
+        assert load(str(path), verify_hash=False)['iter'] == 12  # the opt-out
+    # a suffix that is not a hash (a date) gets the same message, and the same opt-out
+    dated = tmp_path / 'run-20240105.pth'
+    torch.save(run_like_checkpoint(), dated)
+    with pytest.raises(DamagedCheckpointError, match='if the suffix is not a hash'):
+        load_run_checkpoint(str(dated))
+    assert load_run_checkpoint(str(dated), verify_hash=False)['iter'] == 12
+    other = tmp_path / 'run_20240105.pth'  # no dash: not a published name
+    dated.rename(other)
+    assert load_weights(str(other))['iter'] == 12
+
+
+def test_the_converter_checks_a_published_name_unless_told_not_to(tmp_path, capsys):
+    from helpers.runs import load_script
+    converter = load_script('tools/model_converters/inline2mm.py')
+    path = tmp_path / 'inline_deit_mini-0badc0de.pth'  # not its hash
+    torch.save(load_fixture('deit')['checkpoint'], path)
+    assert converter.main([str(path), str(tmp_path / 'out.pth')]) == 1
+    assert 'expected sha256 0badc0de' in capsys.readouterr().err
+    assert converter.main([str(path), str(tmp_path / 'out.pth'), '--no-verify-hash']) == 0
+    assert 'InLineDeiT checkpoint' in capsys.readouterr().out
+
+
+def test_the_hash_check_is_turned_off_by_config_keys(tmp_path):
+    """init_cfg=dict(type='Pretrained', ..., verify_hash=False) for backbone weights; a
+    top-level verify_hash = False reaches load_from / --resume through the runner guard."""
+    from mmengine.runner.checkpoint import _load_checkpoint
+
+    from mmplugin_inline.loading import mmengine_checkpoint_loading
+    fixture = load_fixture('deit')
+    path = tmp_path / 'inline_deit_mini-0badc0de.pth'  # not its hash
+    torch.save(fixture['checkpoint'], path)
+    cfg = backbone_cfg('deit', fixture['arch'])
+    cfg['init_cfg'] = dict(type='Pretrained', checkpoint=str(path))
+    with pytest.raises(DamagedCheckpointError, match='expected sha256 0badc0de'):
+        MODELS.build(cfg).init_weights()
+    cfg['init_cfg']['verify_hash'] = False
+    model = MODELS.build(cfg)
+    model.init_weights()
+    _assert_reference_outputs(model.eval(), fixture)
+    with mmengine_checkpoint_loading(), pytest.raises(DamagedCheckpointError):
+        _load_checkpoint(str(path), map_location='cpu')
+    with mmengine_checkpoint_loading(verify_hash=False):
+        assert 'model' in _load_checkpoint(str(path), map_location='cpu')
+
+
 # --------------------------------------------------------------------------- URLs
 
 @pytest.fixture
@@ -496,6 +580,29 @@ def test_weights_by_url_download_once_then_come_from_the_cache(server, hub_dir, 
     model, fixture = _deit(url)  # a repeat run: from the cache, no request
     _assert_reference_outputs(model, fixture)
     assert len(requests) == 1
+
+
+def test_a_published_url_is_verified_once_after_the_download(server, hub_dir, tmp_path,
+                                                             monkeypatch):
+    from mmplugin_inline import loading
+    base, requests = server
+    served = tmp_path / 'served' / 'pub'
+    served.mkdir()
+    good = _published(served, 'good')
+    torch.save(run_like_checkpoint(), served / 'bad-0badc0de.pth')
+    hashed = []
+    sha256_of = loading.sha256_of
+    monkeypatch.setattr(loading, 'sha256_of', lambda path: hashed.append(path) or sha256_of(path))
+    url = f'{base}/pub/{good.name}'
+    assert load_weights(url)['iter'] == 12 and load_run_checkpoint(url)['iter'] == 12
+    assert len(hashed) == 1 and requests == [f'/pub/{good.name}']  # once, after the download
+    bad = f'{base}/pub/bad-0badc0de.pth'
+    with pytest.raises(DamagedCheckpointError) as info:
+        load_weights(bad)
+    assert bad in str(info.value) and 'expected sha256 0badc0de...' in str(info.value)
+    assert 'deleted from the cache' in str(info.value)
+    assert sorted(os.listdir(hub_dir / 'checkpoints')) == [good.name]  # the bad one is gone
+    assert load_weights(bad, verify_hash=False)['iter'] == 12
 
 
 def test_bad_urls_get_clear_errors_naming_them(server, hub_dir):
