@@ -318,7 +318,7 @@ class _DataOnlyPickleModule:
 # --------------------------------------------------------------------------- walking a file
 
 class _Damage(Exception):
-    """What a walk of a file found wrong with it (completes 'Checkpoint PATH is corrupt: ...')."""
+    """What a walk of a file found wrong with it: the finding of a damaged-file error."""
 
 
 class _PickleWalker(pickle._Unpickler):

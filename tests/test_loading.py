@@ -244,6 +244,21 @@ def test_every_one_byte_change_of_a_legacy_file_loads_or_is_a_checkpoint_error(t
     assert 'DamagedCheckpointError' in outcomes and 'loaded' in outcomes
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason='needs a machine without CUDA')
+def test_a_sound_file_saved_on_a_gpu_is_not_called_damaged(tmp_path):
+    """Reading a file without a device it names is no damage: a plain CheckpointError."""
+    source = tmp_path / 'source.pth'
+    torch.save(run_like_checkpoint(), source, _use_new_zipfile_serialization=False)
+    path = tmp_path / 'saved_on_gpu.pth'
+    path.write_bytes(source.read_bytes().replace(b'X\x03\x00\x00\x00cpu',
+                                                 b'X\x06\x00\x00\x00cuda:0'))
+    with pytest.raises(CheckpointError, match="load it with map_location='cpu'") as info:
+        load_run_checkpoint(str(path))
+    assert not isinstance(info.value, DamagedCheckpointError)
+    assert load_run_checkpoint(str(path), map_location='cpu')['iter'] == 12
+    assert load_weights(str(path))['iter'] == 12  # map_location='cpu' by default
+
+
 def test_a_zip_file_with_a_corrupt_directory_is_a_damaged_file(tmp_path):
     source = tmp_path / 'source.pth'
     torch.save(run_like_checkpoint(), source)
