@@ -155,8 +155,8 @@ def _fix_for(family: str, guess: Optional[str]) -> str:
 
 
 def load_pretrained(model: torch.nn.Module, path: str, family: str, allow_unsafe: bool = False,
-                    logger: Optional[logging.Logger] = None,
-                    min_match: float = 0.5) -> Tuple[list, list, list]:
+                    logger: Optional[logging.Logger] = None, min_match: float = 0.5,
+                    verify_hash: bool = True) -> Tuple[list, list, list]:
     """Load a released checkpoint into ``model`` and report what matched.
 
     ``model.adapt_pretrained(sd)`` (when defined) resizes position embeddings and
@@ -174,7 +174,8 @@ def load_pretrained(model: torch.nn.Module, path: str, family: str, allow_unsafe
             family the file looks like and what to change.
     """
     from mmengine.logging import print_log
-    raw, ignored = split_checkpoint(load_weights(path, allow_unsafe=allow_unsafe))
+    raw, ignored = split_checkpoint(load_weights(path, allow_unsafe=allow_unsafe,
+                                                 verify_hash=verify_hash))
     sd = convert_state_dict(raw, family)
     if hasattr(model, 'adapt_pretrained'):
         sd = model.adapt_pretrained(sd)

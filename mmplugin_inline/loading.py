@@ -21,16 +21,26 @@ Two kinds of file, two rules:
 Full unpickling, which runs code from the file, happens only on the explicit opt-in
 ``allow_unsafe=True`` (``--allow-unsafe``). Before either rule, a damaged file (empty,
 truncated, a web page saved under a ``.pth`` name) gets its own error
-(:class:`DamagedCheckpointError`), which never suggests ``allow_unsafe``.
+(:class:`DamagedCheckpointError`), which never suggests ``allow_unsafe``. So does any
+corruption found later: the file's pickle is first walked with nothing rebuilt
+(:func:`_walk`: a malformed pickle, a storage larger than its record, a global that does
+not exist here, :func:`absent_global`), and any exception while torch reads it is damage.
 ``http(s)://`` names are downloaded once into the cache (:func:`cached_file`).
 """
+import _compat_pickle
 import contextlib
 import functools
+import hashlib
+import importlib.util
 import inspect
+import io
 import os
 import os.path as osp
 import pickle
+import re
+import struct
 import sys
+import types
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -45,6 +55,7 @@ __all__ = [
     'cached_file', 'cache_dir', 'url_file_name', 'probe_url', 'is_url',
     'mmengine_checkpoint_globals', 'register_mmengine_safe_globals',
     'mmengine_checkpoint_loading', 'guard_runner_checkpoints', 'check_checkpoint_file',
+    'absent_global', 'published_sha256', 'sha256_of', 'verify_published_file',
 ]
 
 
@@ -68,9 +79,6 @@ class CheckpointDownloadError(CheckpointError):
 
 _ZIP_MAGIC = b'PK\x03\x04'
 _PICKLE_PROTO = b'\x80'
-# what a download that stopped early, or a cloud share's landing page, tends to raise
-_DAMAGE_ERRORS = (EOFError, zipfile.BadZipFile, pickle.UnpicklingError, UnicodeDecodeError,
-                  ValueError, RuntimeError, OSError)
 
 
 def _looks_like_html(head: bytes) -> bool:
@@ -107,10 +115,11 @@ def damage_of(path: str) -> Optional[str]:
         try:
             with zipfile.ZipFile(path) as archive:
                 names = archive.namelist()
-        except (zipfile.BadZipFile, OSError):
+        except Exception:  # noqa: BLE001 - BadZipFile, OSError, and what a corrupt directory
+            # raises from zipfile (UnicodeDecodeError, NotImplementedError, struct.error, ...)
             return (f'is truncated or corrupt ({_human_size(size)}): it starts like a torch.save '
-                    'zip checkpoint but its end (the zip directory) is missing; the download '
-                    'was probably interrupted. Download it again')
+                    'zip checkpoint but its end (the zip directory) is missing or damaged; the '
+                    'download was probably interrupted. Download it again')
         if not any(name.endswith('data.pkl') for name in names):
             return (f'is a zip archive ({_human_size(size)}) but not a torch checkpoint (no '
                     'data.pkl inside); was it saved with torch.jit.save, or is it a zipped '
@@ -136,19 +145,94 @@ def check_checkpoint_file(path: str) -> None:
         raise _damaged(path, reason)
 
 
-def _checked_local_file(path: str) -> str:
-    """The local file behind ``path`` (a URL is downloaded once), checked for damage."""
-    path = cached_file(path) if is_url(path) else osp.expanduser(path)
+# --------------------------------------------------------------------------- published files
+
+# ``NAME-<8 to 64 hex digits>.pth``: publish_model.py's names, mmdet's and torch hub's
+_HASH_SUFFIX = re.compile(r'-([0-9a-f]{8,64})\.pth$')
+_HASH_OPT_OUT = ("verify_hash=False: an argument of the loaders, a key of the backbone's "
+                 "init_cfg=dict(type='Pretrained', ...), a top-level config key for load_from "
+                 'and --resume, --no-verify-hash for the converter')
+
+
+def published_sha256(path: str) -> Optional[str]:
+    """The sha256 prefix that a published file's name declares, or None.
+
+    ``mask-rcnn_inline-pvt-t_coco-1a2b3c4d.pth`` -> ``'1a2b3c4d'``.
+    """
+    match = _HASH_SUFFIX.search(osp.basename(path))
+    return match.group(1) if match else None
+
+
+def sha256_of(path: str, chunk: int = 1 << 20) -> str:
+    """The hex sha256 digest of a file's bytes, read ``chunk`` bytes at a time."""
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(chunk), b''):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_published_file(path: str, shown_as: Optional[str] = None) -> None:
+    """Check a file whose name ends in ``-<hex>.pth`` against that sha256 prefix; other
+    names are not checked. The whole file is hashed, 1 MiB at a time.
+
+    Args:
+        path (str): the file.
+        shown_as (str, optional): how the message names it (a downloaded file's URL).
+            Default: ``path``.
+
+    Raises:
+        DamagedCheckpointError: the file's sha256 does not start with the declared digits.
+    """
+    expected = published_sha256(path)
+    if expected is None:
+        return
+    found = sha256_of(path)
+    if not found.startswith(expected):
+        raise DamagedCheckpointError(
+            f'Checkpoint {shown_as or path} does not match the hash in its name '
+            f'({_human_size(osp.getsize(path))}): expected sha256 {expected}..., the file has '
+            f'{found[:len(expected)]}...: the file changed after publishing, or the download '
+            'is damaged; if the suffix is not a hash, rename the file or turn the check off '
+            f'({_HASH_OPT_OUT}).')
+
+
+def _checked_local_file(path: str, verify_hash: bool = True) -> str:
+    """The local file behind ``path`` (a URL is downloaded once, and its hash verified then),
+    checked for damage, and for a published file's name, against its hash
+    (:func:`verify_published_file`)."""
+    if is_url(path):
+        path = cached_file(path, verify_hash=verify_hash)
+        check_checkpoint_file(path)
+        return path
+    path = osp.expanduser(path)
     check_checkpoint_file(path)
+    if verify_hash:
+        verify_published_file(path)
     return path
 
 
-def _read_failure(path: str, exc: BaseException) -> DamagedCheckpointError:
-    """The error for a file that passed :func:`damage_of` but could not be read."""
-    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-    return _damaged(path, f'could not be read ({_human_size(osp.getsize(path))}): '
-                          f'{type(exc).__name__}: {first}. It is probably truncated or corrupt '
-                          '(an interrupted download); download it again')
+def _read_failure(path: str, exc: BaseException) -> CheckpointError:
+    """The error for a file that passed :func:`damage_of` (and the safety policy) but could
+    not be read: whatever torch or the unpickler raised (``IndexError``, ``KeyError``,
+    ``struct.error``, ``UnicodeDecodeError``, ``MemoryError``, ...) means the bytes are not
+    what ``torch.save`` wrote. The one exception is a sound file saved on a device this
+    machine lacks, which is a plain :class:`CheckpointError` saying so."""
+    first = (str(exc).strip().splitlines() or [''])[0]
+    if isinstance(exc, RuntimeError) and 'Attempting to deserialize object on' in first:
+        return CheckpointError(f'Checkpoint {path} was saved on a device this machine does not '
+                               f"have ({first}); load it with map_location='cpu'.")
+    what = f'{type(exc).__name__}: {first}' if first else type(exc).__name__
+    if isinstance(exc, MemoryError):
+        what += (' (a size recorded in the file asks for more memory than the machine has; '
+                 'in a file of this size that is a corrupt size field)')
+    return _unreadable(path, what)
+
+
+def _unreadable(path: str, what: str) -> DamagedCheckpointError:
+    return _damaged(path, f'could not be read ({_human_size(osp.getsize(path))}): {what}. It is '
+                          'probably truncated or corrupt (an interrupted download or copy); '
+                          'download or copy it again')
 
 
 # --------------------------------------------------------------------------- data-only loading
@@ -182,6 +266,9 @@ class SetAside:
         self.items[key] = value
 
     def append(self, value):
+        self.elements.append(value)
+
+    def add(self, value):  # a set's items, as protocol 4 pickles them
         self.elements.append(value)
 
     def extend(self, values):
@@ -228,7 +315,295 @@ class _DataOnlyPickleModule:
         return _DataOnlyUnpickler(file, **kwargs).load()
 
 
-def load_weights(path: str, map_location='cpu', allow_unsafe: bool = False):
+# --------------------------------------------------------------------------- walking a file
+
+class _Damage(Exception):
+    """What a walk of a file found wrong with it: the finding of a damaged-file error."""
+
+
+class _PickleWalker(pickle._Unpickler):
+    """Reads a pickle without rebuilding anything of it, to judge the file before torch does.
+
+    Every global becomes an inert :class:`SetAside` placeholder (nothing is imported or
+    called) and is recorded in ``named`` as ``(module, name)``; torch's storage records (the
+    persistent ids) are collected in ``storages`` instead of loaded. It is the pure-Python
+    unpickler, whose memo is a dict: C's unpickler, which torch's loaders use, sizes its memo
+    table by the largest index it sees, so one corrupt ``LONG_BINPUT`` index of 2**31 would
+    make it allocate and clear 32 GiB. An index larger than the pickle itself is refused here.
+    """
+    dispatch = dict(pickle._Unpickler.dispatch)
+
+    def __init__(self, file, max_memo_index: int):
+        super().__init__(file, encoding='utf-8')  # torch.load's default
+        self.named, self.storages = [], []
+        self._max_memo_index = max_memo_index
+
+    def find_class(self, module, name):
+        if self.proto < 3 and self.fix_imports:  # Python 2 names, as pickle maps them
+            module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+            module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+        self.named.append((module, name))
+        return _placeholder_class(f'{module}.{name}')
+
+    def persistent_load(self, pid):
+        kind = _as_text(pid[0]) if isinstance(pid, tuple) and pid else None
+        if kind == 'storage':
+            self.storages.append(pid[1:])
+        elif kind != 'module':  # the legacy format's whole-module records
+            raise _Damage(f'its pickle has a persistent id {_shown(pid)} that torch does not '
+                          'write')
+        return _placeholder_class('persistent id')()
+
+    def _memoize_at(self, index: int) -> None:
+        if index > self._max_memo_index:
+            raise _Damage(f'its pickle stores an object at memo index {index}, more than the '
+                          'pickle has bytes (a corrupt index)')
+        if index < 0:
+            raise ValueError('negative memo index')
+        self.memo[index] = self.stack[-1]
+
+    def _load_put(self):
+        self._memoize_at(int(self.readline()[:-1]))
+
+    def _load_long_binput(self):
+        self._memoize_at(struct.unpack('<I', self.read(4))[0])
+
+    dispatch[pickle.PUT[0]] = _load_put
+    dispatch[pickle.LONG_BINPUT[0]] = _load_long_binput
+
+
+def _as_text(value):
+    return value.decode('ascii', 'replace') if isinstance(value, bytes) else value
+
+
+def _shown(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + '...'
+
+
+def _first_line(exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [''])[0]
+    return f'{type(exc).__name__}: {first}' if first else type(exc).__name__
+
+
+def _walk_pickle(walker: _PickleWalker, what: str):
+    """``walker.load()``, any failure a :class:`_Damage`; returns what it read."""
+    try:
+        return walker.load()
+    except _Damage:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a pickle that cannot even be walked
+        raise _Damage(f'{what} is not a well-formed pickle ({_first_line(exc)})') from exc
+
+
+def _storage_bytes(storage_type, numel, key) -> int:
+    """The bytes torch would allocate for a storage record, or :class:`_Damage`."""
+    name = getattr(storage_type, 'pickled_as', '?').rsplit('.', 1)[-1]
+    if name == 'UntypedStorage':
+        element_size = 1
+    else:
+        try:  # what torch's loaders make of the name (dtype from the class name only)
+            element_size = torch._utils._element_size(torch.serialization.StorageType(name).dtype)
+        except Exception:  # noqa: BLE001 - an unknown storage class
+            raise _Damage(f'its storage {_shown(key)} has an unknown type '
+                          f'{_shown(getattr(storage_type, "pickled_as", storage_type))}') from None
+    if type(numel) is not int or numel < 0:
+        raise _Damage(f'its storage {_shown(key)} declares {_shown(numel)} elements')
+    return numel * element_size
+
+
+def _walk_zip(path: str, size: int) -> _PickleWalker:
+    with zipfile.ZipFile(path) as archive:
+        infos = archive.infolist()
+        # torch's reader takes the folder of the first record as the archive's name
+        prefix = infos[0].filename.split('/', 1)[0] + '/' if infos else ''
+        records = {info.filename[len(prefix):]: info for info in infos
+                   if info.filename.startswith(prefix)}
+        for info in records.values():
+            if info.compress_size > size or (info.compress_type == zipfile.ZIP_STORED and
+                                             info.file_size != info.compress_size):
+                raise _Damage(f'its zip directory gives the record {info.filename} '
+                              f'{info.file_size} bytes, which the file cannot hold')
+            if info.external_attr & 0x10:  # torch writes 0; miniz would read it as a folder
+                raise _Damage(f'its zip directory marks the record {info.filename} as a folder')
+        pkl = records.get('data.pkl')
+        if pkl is None:
+            raise _Damage(f'it has no {prefix}data.pkl record (the zip directory is damaged)')
+        try:
+            data = archive.read(pkl)  # zipfile checks the record's CRC-32
+        except Exception as exc:  # noqa: BLE001 - BadZipFile, zlib.error, EOFError, ...
+            raise _Damage(f'its record {pkl.filename} cannot be read ({_first_line(exc)})') \
+                from exc
+    walker = _PickleWalker(io.BytesIO(data), len(data))
+    _walk_pickle(walker, pkl.filename)
+    for record in walker.storages:
+        if len(record) != 4:
+            raise _Damage(f'a storage record of {pkl.filename} has {len(record)} fields, not 4')
+        storage_type, key, _, numel = record
+        needed = _storage_bytes(storage_type, numel, key)
+        info = records.get(f'data/{key}')
+        if info is None:
+            raise _Damage(f'its pickle names a storage data/{key} that the archive does not hold')
+        if needed > info.file_size:  # found before torch allocates it
+            raise _Damage(f'its storage data/{key} declares {needed} bytes, but its record '
+                          f'holds {info.file_size}')
+    return walker
+
+
+def _walk_legacy(path: str, size: int) -> _PickleWalker:
+    with open(path, 'rb') as f:
+        # torch's magic number, protocol version and system information, as torch checks them
+        header = [_walk_pickle(_PickleWalker(f, size), 'its header') for _ in range(3)]
+        if header[:2] != [torch.serialization.MAGIC_NUMBER, torch.serialization.PROTOCOL_VERSION] \
+                or not isinstance(header[2], dict):
+            raise _Damage(f'its header is not the one torch.save writes ({_shown(header)})')
+        walker = _PickleWalker(f, size)
+        _walk_pickle(walker, 'its pickle')
+        # then the names of the storages whose bytes follow
+        keys = _walk_pickle(_PickleWalker(f, size), 'its list of storages')
+        if not (isinstance(keys, list) and all(isinstance(key, str) for key in keys)):
+            raise _Damage(f'its list of storages is not a list of names ({_shown(keys)})')
+    total, seen = 0, set()
+    for record in walker.storages:
+        if len(record) != 5:
+            raise _Damage(f'a storage record of its pickle has {len(record)} fields, not 5')
+        storage_type, key, _, numel, _ = record
+        needed = _storage_bytes(storage_type, numel, key)
+        if isinstance(key, str) and key not in seen:  # views name their root storage again
+            seen.add(key)
+            total += needed
+    if total > size:  # the storages' bytes follow the pickle in the same file
+        raise _Damage(f'its storages declare {total} bytes, more than the whole file holds')
+    return walker
+
+
+def _walk(path: str) -> _PickleWalker:
+    """Walk the pickle of the checkpoint at ``path`` (zip or legacy format) without rebuilding
+    anything, and check every storage it declares against what the file can hold, so that a
+    corrupt size never reaches an allocation.
+
+    Raises:
+        DamagedCheckpointError: the pickle cannot be walked, or a storage is larger than its
+            zip record (the legacy format: than the file).
+    """
+    size = osp.getsize(path)
+    with open(path, 'rb') as f:
+        zipped = f.read(len(_ZIP_MAGIC)) == _ZIP_MAGIC
+    try:
+        return _walk_zip(path, size) if zipped else _walk_legacy(path, size)
+    except _Damage as exc:
+        finding, cause = str(exc), exc.__cause__  # the exception behind it, if any
+    except Exception as exc:  # noqa: BLE001 - zipfile on a damaged archive
+        finding, cause = f'its zip archive cannot be read ({_first_line(exc)})', exc
+    raise _unreadable(path, finding) from cause
+
+
+# --------------------------------------------------------------------------- names in a file
+
+def _is_dotted_name(text) -> bool:
+    return isinstance(text, str) and all(part.isidentifier() for part in text.split('.'))
+
+
+def _static_member(owner, name: str):
+    """``owner.name`` without running anything: no ``__getattr__``, no descriptor."""
+    return inspect.getattr_static(owner, name)
+
+
+def absent_global(module: str, name: str) -> Optional[str]:
+    """Why the global ``module.name`` that a file names certainly does not exist here, or
+    None when it exists, or when that cannot be known without importing something.
+
+    Deciding this imports nothing the file names, since importing a module runs its code,
+    and the file chose the name:
+
+    * A module already in ``sys.modules`` was imported by someone else; its namespace is
+      read statically (``inspect.getattr_static``), never through ``getattr``, which would
+      call a module's ``__getattr__`` (PEP 562: torch imports submodules lazily through it).
+      A name it lacks does not exist, unless the module has such a ``__getattr__``, which
+      may make names on demand: then we cannot tell.
+    * A module not yet imported is looked up with ``importlib.util.find_spec``, which finds
+      where a module would be loaded from without running it, but only for a top-level name
+      or for a child of an already imported package: ``find_spec('a.b.c')`` imports ``a.b``
+      first. So only the first link of the dotted path that is not imported yet is looked
+      up (everything above it is in ``sys.modules``). If it is not found, the module does
+      not exist; if it is found, the module exists but is not imported, and what it holds
+      is left unknown rather than imported.
+    """
+    full = f'{module}.{name}'
+    if not (_is_dotted_name(module) and _is_dotted_name(name)):
+        return f'names {full!r}, which is not a Python name'
+    parts = module.split('.')
+    imported = next((depth for depth in range(len(parts), 0, -1)
+                     if sys.modules.get('.'.join(parts[:depth])) is not None), 0)
+    if imported < len(parts):
+        missing = '.'.join(parts[:imported + 1])
+        if imported:
+            parent = sys.modules['.'.join(parts[:imported])]
+            if '__path__' not in vars(parent):  # not a package: no submodules to find
+                try:
+                    _static_member(parent, parts[imported])
+                    return None  # an attribute that is a module (os.path): unknown
+                except AttributeError:
+                    return f'names `{full}`, but there is no module `{missing}`'
+        try:
+            found = importlib.util.find_spec(missing) is not None
+        except (ImportError, ValueError, AttributeError):
+            return None  # a finder that cannot answer: unknown
+        return None if found else f'names `{full}`, but there is no module `{missing}`'
+    owner = sys.modules[module]
+    for attribute in name.split('.'):
+        try:
+            owner = _static_member(owner, attribute)
+        except AttributeError:
+            if isinstance(owner, types.ModuleType) and '__getattr__' in vars(owner):
+                return None  # names made on demand: unknown
+            return f'names `{full}`, which does not exist'
+    return None
+
+
+# what torch's own loader renames before resolving a module (torch.serialization._load)
+_TORCH_MODULE_RENAMES = {'torch.tensor': 'torch._tensor'}
+
+
+@functools.lru_cache(maxsize=1)
+def _data_modules() -> frozenset:
+    return frozenset(full.rpartition('.')[0] for full in _data_globals())
+
+
+def _names_data(module: str) -> bool:
+    """Whether the file's data itself (tensors, storages, containers) comes from ``module``:
+    torch's modules and those of torch's weights_only globals (``collections``, ...)."""
+    return module.split('.')[0] == 'torch' or module in _data_modules()
+
+
+def _check_names(path: str, named, every_module: bool) -> None:
+    """Damage when the file names a global that does not exist here (:func:`absent_global`).
+
+    ``every_module``: judge every name (the run's checkpoints, and full unpickling, where a
+    name that does not exist cannot be read at all); otherwise only names of the modules the
+    data comes from (:func:`_names_data`): a data-only reading sets aside any other object,
+    including those of packages that are not installed (the authors' yacs config).
+    """
+    for module, name in dict.fromkeys(named):
+        if not (every_module or _names_data(module) or not _is_dotted_name(module) or
+                not _is_dotted_name(name)):
+            continue
+        reason = absent_global(_TORCH_MODULE_RENAMES.get(module, module), name)
+        if reason is None:
+            continue
+        if 'there is no module' in reason and not _names_data(module):
+            likely = ('the file is probably corrupt, or it needs a package that is not installed '
+                      "here. A backbone's pretrained weights are read as data only through its "
+                      "init_cfg=dict(type='Pretrained', checkpoint=...), which does not need it")
+        else:
+            likely = 'the file is probably corrupt. Download or copy it again'
+        raise _damaged(path, f'cannot be read ({_human_size(osp.getsize(path))}): it {reason}: '
+                             f'{likely}')
+
+
+
+def load_weights(path: str, map_location='cpu', allow_unsafe: bool = False,
+                 verify_hash: bool = True):
     """Read third-party weights (a file or an ``http(s)://`` URL) as data only.
 
     Args:
@@ -236,26 +611,32 @@ def load_weights(path: str, map_location='cpu', allow_unsafe: bool = False):
         map_location: as for ``torch.load``. Default: 'cpu'.
         allow_unsafe (bool): full unpickling instead (runs code from the file; only for
             files you trust). Default: False.
+        verify_hash (bool): check a file named ``NAME-<hex>.pth`` against that sha256
+            prefix (:func:`verify_published_file`). Default: True.
 
     Returns:
         the loaded object; non-data objects are :class:`SetAside` placeholders.
 
     Raises:
         FileNotFoundError: no such file.
-        DamagedCheckpointError: empty, truncated, a web page, not a checkpoint.
+        DamagedCheckpointError: empty, truncated, a web page, not a checkpoint, corrupt,
+            not the published hash.
         CheckpointDownloadError: a URL that could not be fetched.
     """
-    path = _checked_local_file(path)
+    path = _checked_local_file(path, verify_hash)
+    _check_names(path, _walk(path).named, every_module=allow_unsafe)
     if not allow_unsafe and os.environ.get('TORCH_FORCE_WEIGHTS_ONLY_LOAD', '0').lower() in (
             '1', 'y', 'yes', 'true'):
         # torch then refuses any custom unpickler; its own loader is the strictest reading
-        return load_run_checkpoint(path, map_location)
+        return _read_run_checkpoint(path, map_location, allow_unsafe=False)
     try:
         if allow_unsafe:
             return torch.load(path, map_location=map_location, weights_only=False)
         return torch.load(path, map_location=map_location, weights_only=False,
                           pickle_module=_DataOnlyPickleModule)
-    except _DAMAGE_ERRORS as exc:
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to read the bytes is damage
         raise _read_failure(path, exc) from exc
 
 
@@ -383,34 +764,48 @@ def _mmengine_globals_scope() -> Iterator[None]:
         yield
 
 
-def load_run_checkpoint(filename: str, map_location=None, allow_unsafe: bool = False):
+def load_run_checkpoint(filename: str, map_location=None, allow_unsafe: bool = False,
+                        verify_hash: bool = True):
     """Load one of the run's own checkpoints (``weights_only=True`` + mmengine allow-list).
 
-    Drop-in for mmengine's ``load_from_local`` (same signature); also takes URLs.
+    Drop-in for mmengine's ``load_from_local`` (same signature); also takes URLs. A file
+    named ``NAME-<hex>.pth`` is checked against that sha256 prefix unless ``verify_hash``
+    is False.
 
     Raises:
         FileNotFoundError: the file does not exist.
-        DamagedCheckpointError: empty, truncated, a web page, not a checkpoint.
+        DamagedCheckpointError: empty, truncated, a web page, not a checkpoint, corrupt,
+            not the published hash.
         UnsafeCheckpointError: it needs more than the allow-list and ``allow_unsafe``
             is False.
     """
-    filename = _checked_local_file(filename)
+    filename = _checked_local_file(filename, verify_hash)
+    _check_names(filename, _walk(filename).named, every_module=True)
+    return _read_run_checkpoint(filename, map_location, allow_unsafe)
+
+
+def _read_run_checkpoint(filename: str, map_location, allow_unsafe: bool):
+    """:func:`load_run_checkpoint` on a file that is checked and walked already."""
     try:
         if allow_unsafe:
             return torch.load(filename, map_location=map_location, weights_only=False)
         with _mmengine_globals_scope():
             return torch.load(filename, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        if 'Weights only load failed' in str(exc) or 'Unsupported global' in str(exc):
+        if not allow_unsafe:  # the walk found a well-formed pickle: a refusal, not damage
             raise _refusal(filename, exc) from exc
         raise _read_failure(filename, exc) from exc
-    except _DAMAGE_ERRORS as exc:
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to read the bytes is damage
         raise _read_failure(filename, exc) from exc
 
 
 @contextlib.contextmanager
-def mmengine_checkpoint_loading(allow_unsafe: bool = False) -> Iterator[None]:
-    """Within the block, mmengine reads checkpoints with :func:`load_run_checkpoint`.
+def mmengine_checkpoint_loading(allow_unsafe: bool = False,
+                                verify_hash: bool = True) -> Iterator[None]:
+    """Within the block, mmengine reads checkpoints with :func:`load_run_checkpoint`
+    (``allow_unsafe`` and ``verify_hash`` as there).
 
     Replaces the loaders that mmengine's ``CheckpointLoader`` uses for local paths and
     for ``http://`` / ``https://`` URLs and restores them on exit; other schemes
@@ -419,7 +814,8 @@ def mmengine_checkpoint_loading(allow_unsafe: bool = False) -> Iterator[None]:
     from mmengine.runner.checkpoint import CheckpointLoader
 
     def load_checkpoint_of_the_run(filename, map_location=None):  # mmengine logs the name
-        return load_run_checkpoint(filename, map_location, allow_unsafe=allow_unsafe)
+        return load_run_checkpoint(filename, map_location, allow_unsafe=allow_unsafe,
+                                   verify_hash=verify_hash)
 
     prefixes = ('', 'http://', 'https://')
     previous = {p: CheckpointLoader._schemes.get(p) for p in prefixes}
@@ -435,7 +831,7 @@ def mmengine_checkpoint_loading(allow_unsafe: bool = False) -> Iterator[None]:
                 CheckpointLoader.register_scheme(prefix, loader, force=True)
 
 
-def guard_runner_checkpoints(runner, allow_unsafe: bool = False):
+def guard_runner_checkpoints(runner, allow_unsafe: bool = False, verify_hash: bool = True):
     """Make ``runner`` resume / ``load_from`` through :func:`mmengine_checkpoint_loading`.
 
     Only the runner's ``load_or_resume`` step (what ``--resume``, ``load_from`` and
@@ -448,7 +844,7 @@ def guard_runner_checkpoints(runner, allow_unsafe: bool = False):
     original = runner.load_or_resume
 
     def load_or_resume():
-        with mmengine_checkpoint_loading(allow_unsafe):
+        with mmengine_checkpoint_loading(allow_unsafe, verify_hash):
             return original()
 
     runner.load_or_resume = load_or_resume
@@ -495,9 +891,10 @@ def _download_error(url: str, exc: BaseException) -> CheckpointDownloadError:
         'and give the local path instead of the URL.')
 
 
-def _fetch(url: str, destination: str, progress: bool) -> None:
+def _fetch(url: str, destination: str, progress: bool, verify_hash: bool = True) -> None:
     """Download ``url`` to ``destination`` (atomically, with a progress bar); refuse a web
-    page or a damaged file, leaving nothing in the cache."""
+    page, a damaged file or one that is not the hash in its name, leaving nothing in the
+    cache."""
     os.makedirs(osp.dirname(destination), exist_ok=True)
     try:
         torch.hub.download_url_to_file(url, destination, progress=progress)
@@ -513,6 +910,13 @@ def _fetch(url: str, destination: str, progress: bool) -> None:
                 'https://cloud.tsinghua.edu.cn/f/KEY/?dl=1); otherwise open the link in a '
                 'browser and download the file yourself.')
         raise CheckpointDownloadError(f'The file downloaded from {url} {reason}.')
+    if verify_hash:  # once, here: a file in the cache came through this check
+        try:
+            verify_published_file(destination, shown_as=url)
+        except DamagedCheckpointError as exc:
+            os.remove(destination)
+            raise DamagedCheckpointError(f'{exc} The downloaded file was deleted from the '
+                                         'cache; the next run downloads it again.') from None
 
 
 def _local_rank_and_world() -> tuple:
@@ -524,8 +928,12 @@ def _local_rank_and_world() -> tuple:
     return int(os.environ.get('LOCAL_RANK', rank)), world_size
 
 
-def cached_file(url: str, directory: Optional[str] = None, progress: Optional[bool] = None) -> str:
+def cached_file(url: str, directory: Optional[str] = None, progress: Optional[bool] = None,
+                verify_hash: bool = True) -> str:
     """The local path of ``url``'s file, downloading it into the cache the first time.
+
+    A file named ``NAME-<hex>.pth`` (torch hub's and mmdet's published names) is checked
+    against that sha256 prefix once, right after the download; a mismatch deletes it.
 
     Under a distributed launcher only the local rank 0 of each machine downloads; the
     other ranks wait for it, then read the cached file.
@@ -534,9 +942,11 @@ def cached_file(url: str, directory: Optional[str] = None, progress: Optional[bo
         url (str): ``http://`` or ``https://`` address.
         directory (str, optional): the cache. Default: :func:`cache_dir`.
         progress (bool, optional): show a progress bar. Default: when stderr is a terminal.
+        verify_hash (bool): check a published name's hash after the download. Default: True.
 
     Raises:
         CheckpointDownloadError: 404, refused connection, a web page, a damaged file.
+        DamagedCheckpointError: the download does not match the hash in its name.
     """
     destination = osp.join(directory or cache_dir(), url_file_name(url))
     if progress is None:
@@ -547,8 +957,8 @@ def cached_file(url: str, directory: Optional[str] = None, progress: Optional[bo
         from mmengine.logging import print_log
         print_log(f'Downloading {url} to {destination}', logger='current')
         try:
-            _fetch(url, destination, progress)
-        except CheckpointDownloadError as exc:
+            _fetch(url, destination, progress, verify_hash)
+        except CheckpointError as exc:
             error = exc
     if world_size > 1:
         import torch.distributed as dist

@@ -13,7 +13,7 @@ import torch
 from mmengine.logging import HistoryBuffer
 from mmengine.registry import DefaultScope
 
-from mmplugin_inline.loading import load_run_checkpoint
+from mmplugin_inline.loading import DamagedCheckpointError, load_run_checkpoint
 from helpers.pickles import RunsCode
 from helpers.runs import DET_CONFIG, PYTHON, SEG_CONFIG, load_script, ok, run_tool
 from helpers.tiny_models import REPO, SHAPES, det_run_config, seg_run_config
@@ -90,6 +90,12 @@ def test_publish_keeps_weights_and_plain_meta(tmp_path, capsys):
     assert torch.equal(state_dict['weight'], torch.arange(6.).reshape(2, 3))
     assert state_dict._metadata == {'': dict(version=1)}  # module versions kept
     assert _plain_load_in_a_fresh_process(path) == "['meta', 'state_dict'] 2"
+    # the name's hash is what the loaders verify; a copy that changed is refused
+    assert list(load_run_checkpoint(path)) == ['meta', 'state_dict']
+    with open(path, 'ab') as f:
+        f.write(b'\0')
+    with pytest.raises(DamagedCheckpointError, match='the file changed after publishing'):
+        load_run_checkpoint(path)
 
     # the same input gives the same bytes, hence the same name
     assert publish_model.main([src, str(tmp_path / 'again' / 'tiny')]) == 0

@@ -178,7 +178,9 @@ def build_checked_runner(cfg, mode: str, allow_unsafe: bool = False):
         add_default_hooks(cfg)
     preflight_or_fail(cfg, mode)
     prepare_cpu_distributed(cfg)
-    runner = guard_runner_checkpoints(build_runner(cfg), allow_unsafe)
+    # a top-level ``verify_hash = False`` turns off the check of published names' hashes
+    runner = guard_runner_checkpoints(build_runner(cfg), allow_unsafe,
+                                      verify_hash=cfg.get('verify_hash', True))
     return atomic_checkpoint_saves(runner) if mode == 'train' else runner
 
 

@@ -20,9 +20,10 @@ from mmplugin_inline.checkpoint import (convert_state_dict, detect_family, dropp
 from mmplugin_inline.loading import CheckpointError, load_weights
 
 
-def convert_file(src: str, dst: str, family: str = None, allow_unsafe: bool = False) -> dict:
+def convert_file(src: str, dst: str, family: str = None, allow_unsafe: bool = False,
+                 verify_hash: bool = True) -> dict:
     """Convert ``src`` into ``dst``; return a summary dict."""
-    obj = load_weights(src, allow_unsafe=allow_unsafe)
+    obj = load_weights(src, allow_unsafe=allow_unsafe, verify_hash=verify_hash)
     raw, ignored = split_checkpoint(obj)
     detected = detect_family(raw)
     family = family or detected
@@ -47,9 +48,13 @@ def main(argv=None):
     parser.add_argument('--allow-unsafe', action='store_true',
                         help='full unpickling of SRC instead of the data-only reading (runs '
                              'code in it; trusted files only; no common file needs it)')
+    parser.add_argument('--no-verify-hash', dest='verify_hash', action='store_false',
+                        help='do not check a SRC named NAME-<hex>.pth against that sha256 '
+                             'prefix (for a suffix that is not a hash)')
     args = parser.parse_args(argv)
     try:
-        summary = convert_file(args.src, args.dst, args.family, args.allow_unsafe)
+        summary = convert_file(args.src, args.dst, args.family, args.allow_unsafe,
+                               args.verify_hash)
     except (FileNotFoundError, CheckpointError, ValueError, TypeError) as exc:
         print(f'error: {exc}', file=sys.stderr)
         return 1

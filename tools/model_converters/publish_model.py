@@ -18,7 +18,6 @@ plain data is dropped and listed. The input is read as the run's own checkpoint
 is refused unless you pass --allow-unsafe (only for files you trust).
 """
 import argparse
-import hashlib
 import os
 import os.path as osp
 import sys
@@ -31,7 +30,8 @@ import torch
 
 # mmengine imports pkg_resources, whose deprecation notice would bury the tool's messages
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
-from mmplugin_inline.loading import CheckpointError, load_run_checkpoint  # noqa: E402
+from mmplugin_inline.loading import (CheckpointError, load_run_checkpoint,  # noqa: E402
+                                     sha256_of)
 
 KEPT_KEYS = ('meta', 'state_dict')
 _PLAIN_TYPES = (type(None), bool, int, float, complex, str, bytes)
@@ -105,15 +105,6 @@ def _refused_by_plain_weights_only(path: str):
         if allowed:
             serialization.add_safe_globals(allowed)
     return None
-
-
-def sha256_of(path: str) -> str:
-    """The hex sha256 digest of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for block in iter(lambda: f.read(1 << 20), b''):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def published_name(out_file: str, sha256: str) -> str:

@@ -260,7 +260,8 @@ class InLineBackbone(BaseModule):
                                  'checkpoint=PATH')
             self._init_from_scratch()
             load_pretrained(self, checkpoint, type(self).__name__,
-                            allow_unsafe=cfg.get('allow_unsafe', False))
+                            allow_unsafe=cfg.get('allow_unsafe', False),
+                            verify_hash=cfg.get('verify_hash', True))
             self._is_init = True
             return
         if cfg is None:
