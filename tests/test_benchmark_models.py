@@ -1,8 +1,10 @@
-"""The whole-model race's measurement helpers (mmplugin_inline.analysis.measure): the
-interleaved timing helper, with fake calls and a fake clock, and the extrapolation that
-predicts a case's time."""
+"""The whole-model race's helpers: the interleaved timing helper (with fake calls and a
+fake clock), the extrapolation that predicts a case's time, and the synthetic training
+batch."""
 import pytest
+import torch
 
+from mmplugin_inline.analysis.codebase import dummy_train_batch
 from mmplugin_inline.analysis.measure import extrapolate, interleaved_times
 
 
@@ -53,3 +55,16 @@ def test_extrapolate_on_log_log_axes():
     assert extrapolate([(100, 1.0), (400, 4.0)], 800) == pytest.approx(8.0)   # slope 1
     # a slope below the minimum (fixed costs at small sizes) counts as linear
     assert extrapolate([(100, 1.0), (400, 1.1)], 800) == pytest.approx(2.2)
+
+
+def test_synthetic_training_batches_carry_ground_truth():
+    seg = dummy_train_batch('mmseg', (61, 77), num_classes=150, batch_size=2)
+    gt = seg['data_samples'][1].gt_sem_seg.data
+    assert gt.shape == (1, 61, 77) and gt.dtype == torch.long and 0 <= gt.min() <= gt.max() < 150
+    det = dummy_train_batch('mmdet', (61, 77), num_classes=80, instances=3)
+    inst = det['data_samples'][0].gt_instances
+    boxes = inst.bboxes.tensor
+    assert boxes.shape == (3, 4) and (boxes[:, 2:] > boxes[:, :2]).all()
+    assert (boxes[:, 2] <= 77).all() and (boxes[:, 3] <= 61).all() and (boxes >= 0).all()
+    assert inst.masks.masks.shape == (3, 61, 77) and inst.masks.masks.sum((1, 2)).min() > 0
+    assert inst.labels.max() < 80 and len(det['inputs']) == 2

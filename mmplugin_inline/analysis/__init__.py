@@ -4,7 +4,8 @@ and config / model / dummy-input plumbing for any mmdet or mmseg config (read by
 ``mmplugin_inline.utils.tool_setup``).
 Imports mmengine (and mmdet / mmseg lazily), unlike ``core``.
 """
-from .codebase import DEFAULT_SHAPES, build_model, dummy_data_batch, parse_shape, preprocess_dummy
+from .codebase import (DEFAULT_SHAPES, build_model, dummy_data_batch, dummy_train_batch,
+                       parse_shape, preprocess_dummy)
 from .complexity import (EXTRA_FLOP_HANDLES, UNCOUNTED_ELEMENTWISE_OPS, UNCOUNTED_OPS,
                          UNCOUNTED_SAMPLING_OPS, ZERO_COST_OPS, baddbmm_flop_jit, count_module,
                          flop_analyzer, format_count, module_table, sdpa_flop_jit, unknown_ops)
@@ -13,7 +14,8 @@ from .measure import (InterleavedTimes, extrapolate, huge_pages_in_use, interlea
                       tensor_bytes, time_calls)
 
 __all__ = [
-    'DEFAULT_SHAPES', 'build_model', 'dummy_data_batch', 'parse_shape', 'preprocess_dummy',
+    'DEFAULT_SHAPES', 'build_model', 'dummy_data_batch', 'dummy_train_batch', 'parse_shape',
+    'preprocess_dummy',
     'EXTRA_FLOP_HANDLES', 'UNCOUNTED_ELEMENTWISE_OPS', 'UNCOUNTED_OPS', 'UNCOUNTED_SAMPLING_OPS',
     'ZERO_COST_OPS', 'baddbmm_flop_jit',
     'count_module', 'flop_analyzer', 'format_count', 'module_table', 'sdpa_flop_jit',
