@@ -1,7 +1,7 @@
 """Analysis helpers behind ``tools/analysis_tools`` and ``demo``: complexity counts
 with attention handlers, timing / memory measurement (one interleaved timing helper),
-and config / model / dummy-input plumbing for any mmdet or mmseg config (read by
-``mmplugin_inline.utils.tool_setup``).
+config / model / dummy-input plumbing for any mmdet or mmseg config (read by
+``mmplugin_inline.utils.tool_setup``), and the whole-model race (``model_race``).
 Imports mmengine (and mmdet / mmseg lazily), unlike ``core``.
 """
 from .codebase import (DEFAULT_SHAPES, build_model, dummy_data_batch, dummy_train_batch,
