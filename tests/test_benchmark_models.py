@@ -145,7 +145,7 @@ def test_tables_from_made_up_rows():
     table = race.markdown(rows, env)
     assert '| Semantic FPN InLine-PVT-T vs Semantic FPN PVT-T | infer | 1024x2048 | whole | ' \
            '2.000 | 5.000 | 2.50x | 100 / 200 |  |' in table
-    assert '| train | 512x512 | train | - | - | -x | 100 / 200 | skipped: predicted 700 s' in table
+    assert '| train | 512x512 | train | - | - | - | 100 / 200 | skipped: predicted 700 s' in table
     # whole vs slide: ours 3 / 2, peer 6 / 5, the softmax model sliding / our whole pass 6 / 2
     assert '| 1024x2048 | 3 | 2.000 | 3.000 | 1.50 | 5.000 | 6.000 | 1.20 | 3.00x |' in table
     assert 'Training step: batch 2' in table and 'keep 100 detections' in table

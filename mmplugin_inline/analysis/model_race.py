@@ -371,10 +371,11 @@ def markdown(rows: List[dict], env: dict) -> str:
         'ours / peer peak MiB | note |',
         '|---|---|---|---|---|---|---|---|---|']
     for r in rows:
+        speed = ratio(r['peer_s'], r['ours_s'])
         lines.append(
             f"| {r['ours']} vs {r['peer']} | {r['kind']} | {r['size']} | {r['mode']} | "
             f"{fmt(r['ours_s'], '.3f')} | {fmt(r['peer_s'], '.3f')} | "
-            f"{fmt(ratio(r['peer_s'], r['ours_s']), '.2f')}x | "
+            f"{fmt(speed, '.2f')}{'x' if speed is not None else ''} | "
             f"{fmt(r['ours_peak_mb'], ',.0f')} / {fmt(r['peer_peak_mb'], ',.0f')} | "
             f"{r.get('note', '')} |")
     slides = [r for r in rows if r['mode'] == 'slide' and r['ours_s'] and r['peer_s']]
