@@ -123,6 +123,7 @@ class Case:
 
     @property
     def size_text(self) -> str:
+        """'HxW'."""
         return f'{self.size[0]}x{self.size[1]}'
 
 
@@ -347,6 +348,7 @@ def ratio(a, b) -> Optional[float]:
 
 
 def fmt(value, spec: str) -> str:
+    """``value`` formatted with ``spec``, or '-' when it is None."""
     return '-' if value is None else format(value, spec)
 
 
