@@ -1,20 +1,25 @@
 """Analysis helpers behind ``tools/analysis_tools`` and ``demo``: complexity counts
-with attention handlers, timing / memory measurement, and config / model / dummy-input
-plumbing for any mmdet or mmseg config (read by ``mmplugin_inline.utils.tool_setup``).
+with attention handlers, timing / memory measurement (one interleaved timing helper),
+config / model / dummy-input plumbing for any mmdet or mmseg config (read by
+``mmplugin_inline.utils.tool_setup``), and the whole-model race (``model_race``).
 Imports mmengine (and mmdet / mmseg lazily), unlike ``core``.
 """
-from .codebase import DEFAULT_SHAPES, build_model, dummy_data_batch, parse_shape, preprocess_dummy
+from .codebase import (DEFAULT_SHAPES, build_model, dummy_data_batch, dummy_train_batch,
+                       parse_shape, preprocess_dummy)
 from .complexity import (EXTRA_FLOP_HANDLES, UNCOUNTED_ELEMENTWISE_OPS, UNCOUNTED_OPS,
                          UNCOUNTED_SAMPLING_OPS, ZERO_COST_OPS, baddbmm_flop_jit, count_module,
                          flop_analyzer, format_count, module_table, sdpa_flop_jit, unknown_ops)
-from .measure import (huge_pages_in_use, keep_freed_memory, minor_page_faults,
-                      peak_extra_memory, tensor_bytes, time_calls)
+from .measure import (InterleavedTimes, extrapolate, huge_pages_in_use, interleaved_times,
+                      keep_freed_memory, load_average, minor_page_faults, peak_extra_memory,
+                      tensor_bytes, time_calls)
 
 __all__ = [
-    'DEFAULT_SHAPES', 'build_model', 'dummy_data_batch', 'parse_shape', 'preprocess_dummy',
+    'DEFAULT_SHAPES', 'build_model', 'dummy_data_batch', 'dummy_train_batch', 'parse_shape',
+    'preprocess_dummy',
     'EXTRA_FLOP_HANDLES', 'UNCOUNTED_ELEMENTWISE_OPS', 'UNCOUNTED_OPS', 'UNCOUNTED_SAMPLING_OPS',
     'ZERO_COST_OPS', 'baddbmm_flop_jit',
     'count_module', 'flop_analyzer', 'format_count', 'module_table', 'sdpa_flop_jit',
-    'unknown_ops', 'huge_pages_in_use', 'keep_freed_memory', 'minor_page_faults',
-    'peak_extra_memory', 'tensor_bytes', 'time_calls'
+    'unknown_ops', 'InterleavedTimes', 'extrapolate', 'huge_pages_in_use', 'interleaved_times',
+    'keep_freed_memory', 'load_average', 'minor_page_faults', 'peak_extra_memory',
+    'tensor_bytes', 'time_calls'
 ]

@@ -75,6 +75,49 @@ def dummy_data_batch(codebase: str, shape: Tuple[int, int], batch_size: int = 1,
                       for i in range(batch_size)])
 
 
+def dummy_train_batch(codebase: str, shape: Tuple[int, int], num_classes: int,
+                      batch_size: int = 2, instances: int = 4, seed: int = 0) -> dict:
+    """What a training dataloader yields: :func:`dummy_data_batch` with ground truth.
+
+    mmseg: a ``gt_sem_seg`` of ``num_classes`` labels in 16 x 16-pixel blocks (values
+    below ``num_classes``, as after ``reduce_zero_label``). mmdet: ``gt_instances`` with
+    ``instances`` random boxes per image, their labels and bitmap masks (the ellipse
+    inscribed in each box), as ``PackDetInputs`` packs them.
+    """
+    import numpy as np
+    batch = dummy_data_batch(codebase, shape, batch_size, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    h, w = shape
+    if codebase == 'mmseg':
+        from mmengine.structures import PixelData
+        for sample in batch['data_samples']:
+            blocks = torch.randint(0, num_classes, (1, 1, -(-h // 16), -(-w // 16)),
+                                   generator=gen)
+            labels = blocks.repeat_interleave(16, 2).repeat_interleave(16, 3)[0, :, :h, :w]
+            sample.gt_sem_seg = PixelData(data=labels.long())
+        return batch
+    from mmdet.structures.bbox import HorizontalBoxes
+    from mmdet.structures.mask import BitmapMasks
+    from mmengine.structures import InstanceData
+    ys, xs = torch.meshgrid(torch.arange(h) + 0.5, torch.arange(w) + 0.5, indexing='ij')
+    for sample in batch['data_samples']:
+        size = torch.tensor([float(w), float(h)])
+        # widths and heights from 8 pixels to half the image, anywhere inside it
+        wh = torch.minimum(8 + torch.rand(instances, 2, generator=gen) *
+                           (size / 2 - 8).clamp(min=0), size)
+        low = torch.rand(instances, 2, generator=gen) * (size - wh)
+        high = low + wh
+        boxes = torch.cat([low, high], 1)  # x1 y1 x2 y2
+        centre, half = (low + high) / 2, (high - low) / 2
+        masks = (((xs - centre[:, None, None, 0]) / half[:, None, None, 0]) ** 2 +
+                 ((ys - centre[:, None, None, 1]) / half[:, None, None, 1]) ** 2) <= 1
+        sample.gt_instances = InstanceData(
+            bboxes=HorizontalBoxes(boxes),
+            labels=torch.randint(0, num_classes, (instances,), generator=gen),
+            masks=BitmapMasks(masks.numpy().astype(np.uint8), h, w))
+    return batch
+
+
 def preprocess_dummy(model: nn.Module, codebase: str, shape: Tuple[int, int],
                      batch_size: int = 1) -> dict:
     """:func:`dummy_data_batch` through ``model.data_preprocessor`` (test mode)."""

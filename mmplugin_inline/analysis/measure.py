@@ -2,9 +2,12 @@
 import ctypes
 import ctypes.util
 import gc
+import math
+import os
 import resource
 import time
-from typing import Callable, List
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -73,17 +76,106 @@ def synchronize(device) -> None:
 
 
 def time_calls(fn: Callable[[], object], warmup: int, iters: int, device='cpu') -> List[float]:
-    """Seconds of each of ``iters`` calls of ``fn()`` after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
+    """Seconds of each of ``iters`` calls of ``fn()`` after ``warmup`` untimed calls
+    (:func:`interleaved_times` with one call)."""
+    return interleaved_times({'fn': fn}, iters, device, warmup=warmup).times['fn']
+
+
+@dataclass
+class InterleavedTimes:
+    """Seconds measured by :func:`interleaved_times`.
+
+    Attributes:
+        times: per call, its timed calls in round order; for a call in ``over_cap``, its
+            first warm-up call only.
+        reference: the reference call's time in each round (empty without one).
+        over_cap: the calls whose first warm-up took longer than ``max_warmup_s``.
+    """
+    times: Dict[str, List[float]]
+    reference: List[float] = field(default_factory=list)
+    over_cap: List[str] = field(default_factory=list)
+
+
+def interleaved_times(calls: Dict[str, Callable[[], object]], repeats: int, device='cpu',
+                      reference: Optional[Callable[[], object]] = None, warmup: int = 1,
+                      max_warmup_s: Optional[float] = None,
+                      clock: Callable[[], float] = time.perf_counter) -> InterleavedTimes:
+    """Time several calls alternately, so that a change of machine load hits all alike.
+
+    First ``warmup`` warm-up rounds: ``reference``, then each call in order; their times
+    are not kept, except that a call whose first warm-up took longer than ``max_warmup_s``
+    is not repeated: that warm-up is its one time (it is listed in ``over_cap``). Then
+    ``repeats`` timed rounds, each timing ``reference`` (e.g. a large matrix product: the
+    machine's rate in that round), then every remaining call, one after the other. Each
+    call is timed alone, with queued CUDA work synchronised before and after.
+
+    Args:
+        calls: ``{name: fn}``; ``fn()`` is one measured call.
+        repeats: timed rounds.
+        device: where the calls queue their work ('cpu' or a CUDA device).
+        reference: a call timed once per round beside ``calls`` (not capped).
+        warmup: warm-up rounds before the timed ones.
+        max_warmup_s: the cap on a call's first warm-up (so it needs ``warmup >= 1``),
+            or None.
+        clock: the timer (seconds).
+
+    Returns:
+        InterleavedTimes: the times per call, of the reference, and the calls over the cap.
+    """
+    if repeats < 1:
+        raise ValueError(f'repeats must be at least 1, got {repeats}')
+
+    def timed(fn):
+        synchronize(device)
+        start = clock()
         fn()
         synchronize(device)
-        times.append(time.perf_counter() - start)
-    return times
+        return clock() - start
+
+    result = InterleavedTimes(times={name: [] for name in calls})
+    active = dict(calls)
+    for i in range(warmup):
+        if reference is not None:
+            reference()
+        for name, fn in list(active.items()):
+            seconds = timed(fn)
+            if i == 0 and max_warmup_s is not None and seconds > max_warmup_s:
+                result.times[name].append(seconds)
+                result.over_cap.append(name)
+                del active[name]
+    for _ in range(repeats):
+        if reference is not None:
+            result.reference.append(timed(reference))
+        for name, fn in active.items():
+            result.times[name].append(timed(fn))
+    return result
+
+
+def extrapolate(points: Sequence[Tuple[float, float]], x: float, default_slope: float = 2.0,
+                min_slope: float = 1.0) -> Optional[float]:
+    """A cost at size ``x`` predicted from measured ``(size, cost)`` points (e.g. pixels,
+    seconds): the line through the last two points on log-log axes, with a slope of at
+    least ``min_slope``; ``default_slope`` when only one point (or one size) is known.
+    None without points.
+    """
+    points = [(px, py) for px, py in points if py is not None and py > 0 and px > 0]
+    if not points:
+        return None
+    last_x, last_y = points[-1]
+    slope = default_slope
+    if len(points) > 1 and points[-2][0] != last_x:
+        prev_x, prev_y = points[-2]
+        slope = max(min_slope, math.log(last_y / prev_y) / math.log(last_x / prev_x))
+    return last_y * (x / last_x) ** slope
+
+
+def load_average() -> str:
+    """The system's 1, 5 and 15-minute load averages as text ('unknown' where not known):
+    how busy the machine was while a benchmark ran."""
+    try:
+        return ', '.join(f'{v:.1f}' for v in os.getloadavg())
+    except (OSError, AttributeError):
+        return 'unknown'
 
 
 def peak_extra_memory(fn: Callable[[], object], device='cpu') -> int:
