@@ -29,6 +29,9 @@ def test_peak_extra_memory_sees_the_largest_live_set_not_the_sum():
 @pytest.mark.parametrize('make_config, codebase, growth', [(tiny_mask_rcnn, 'mmdet', 1.1),
                                                            (tiny_sem_fpn, 'mmseg', 1.8)])
 def test_benchmark_runs_and_memory_grows_with_batch(tmp_path, make_config, codebase, growth):
+    # the random weights decide how many detections survive, and so the memory: seeded,
+    # so that the test does not depend on what ran before it (one seed gave 1.05x)
+    torch.manual_seed(0)
     config = make_config(tmp_path)
     one = benchmark.benchmark(config, (97, 131), batch=1, warmup=1, iters=2)
     assert one['codebase'] == codebase and one['mode'] == 'predict' and len(one['times']) == 2
