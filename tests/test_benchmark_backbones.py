@@ -56,3 +56,26 @@ def test_window_sweep_cuts_windows_to_each_stage_map():
         with torch.no_grad():
             outs = model.eval()(torch.randn(1, 3, 112, 112))
         assert [o.shape[-1] for o in outs] == [28, 14, 7, 4]
+
+
+def test_reference_paths_race_beside_the_fast_paths(tmp_path, monkeypatch):
+    """--reference-paths adds our model on the reference paths (same weights), and its
+    calls really run there: the switch is seen off inside them, on outside."""
+    from mmplugin_inline import core
+    seen = []
+    real = core.local_residual
+
+    def spy(*args):
+        seen.append(core.fast_paths_enabled())
+        return real(*args)
+    monkeypatch.setattr('mmplugin_inline.models.layers.attention.local_residual', spy)
+    out = bench.main(['--families', 'swin', '--sizes', '32x32', '--modes', 'infer',
+                      '--repeats', '1', '--gemm-size', '64', '--max-call-s', '1e6',
+                      '--no-memory', '--no-flops', '--no-plots', '--reference-paths',
+                      '--out-dir', str(tmp_path)])
+    names = {r['model'] for r in out['results']}
+    assert names == {'InLine-Swin-T', 'Swin-T w7 (mmdet)', 'InLine-Swin-T (reference paths)'}
+    assert seen and not any(seen)              # the NCHW residual ran only on those paths
+    assert core.fast_paths_enabled()
+    table = (tmp_path / 'results.md').read_text()
+    assert 'speed-up (reference / fast)' in table and '| swin | 32x32 | infer |' in table

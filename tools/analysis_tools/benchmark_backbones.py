@@ -41,7 +41,6 @@ import math
 import os
 import platform
 import statistics
-import time
 
 import torch
 
@@ -168,26 +167,23 @@ def forward_flops(model, x):
 def predicted_over(history, pixels, max_s, max_mb):
     """A reason to skip from the last measured sizes of a model (log-log extrapolation),
     or None."""
+    from mmplugin_inline.analysis.measure import extrapolate
     done = [h for h in history if h.get('time_ms') is not None]
-    if not done:
+    seconds = extrapolate([(h['pixels'], h['time_ms'] / 1e3) for h in done], pixels)
+    if seconds is None:
         return None
+    if seconds > max_s:
+        return f'skipped: predicted {seconds:.0f} s a call > --max-call-s'
     last = done[-1]
-    slope = 2.0
-    if len(done) > 1 and done[-1]['pixels'] != done[-2]['pixels']:
-        slope = max(1.0, math.log(done[-1]['time_ms'] / done[-2]['time_ms']) /
-                    math.log(done[-1]['pixels'] / done[-2]['pixels']))
-    grow = (pixels / last['pixels']) ** slope
-    if last['time_ms'] * grow / 1e3 > max_s:
-        return f'skipped: predicted {last["time_ms"] * grow / 1e3:.0f} s a call > --max-call-s'
-    if last.get('peak_mb') and last['peak_mb'] * grow / 1024 > max_mb / 1024:
-        return (f'skipped: predicted {last["peak_mb"] * grow / 1024:.1f} GiB > '
-                '--max-memory-gb')
+    grow = seconds / (last['time_ms'] / 1e3)  # memory grows as the time does
+    if last.get('peak_mb') and last['peak_mb'] * grow > max_mb:
+        return f'skipped: predicted {last["peak_mb"] * grow / 1024:.1f} GiB > --max-memory-gb'
     return None
 
 
 def race(models, hw, mode, args, gemm, history, flops_cache, tag):
     """Measure ``models`` ({name: (model, meta)}) at one size and mode, interleaved."""
-    from mmplugin_inline.analysis.measure import peak_extra_memory, synchronize
+    from mmplugin_inline.analysis.measure import interleaved_times, peak_extra_memory
     device, pixels = args.device, hw[0] * hw[1]
     x = torch.randn(1, 3, *hw, device=device)
     rows, calls = {}, {}
@@ -207,27 +203,11 @@ def race(models, hw, mode, args, gemm, history, flops_cache, tag):
             row['gflops'] = flops_cache[key] / 1e9 * (3 if mode == 'train' else 1)
         model.train(mode == 'train')
         calls[name] = make_call(model, x, mode, meta.get('reference_paths', False))
-    times = {name: [] for name in calls}
-    gemm_times = []
-    for name, call in list(calls.items()):  # warm-up; one over the cap is timed once
-        start = time.perf_counter()
-        call()
-        synchronize(device)
-        if time.perf_counter() - start > args.max_call_s:
-            rows[name]['note'] = 'one timed call (the warm-up exceeded --max-call-s)'
-            times[name].append(time.perf_counter() - start)
-            del calls[name]
-    for _ in range(args.repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        gemm()
-        synchronize(device)
-        gemm_times.append(time.perf_counter() - start)
-        for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            synchronize(device)
-            times[name].append(time.perf_counter() - start)
+    timed = interleaved_times(calls, args.repeats, device, reference=gemm,
+                              max_warmup_s=args.max_call_s)
+    for name in timed.over_cap:
+        rows[name]['note'] = 'one timed call (the warm-up exceeded --max-call-s)'
+    times, gemm_times = timed.times, timed.reference
     gemm_rate = args.gemm_size ** 3 / statistics.median(gemm_times) / 1e9 if gemm_times else None
     for name, ts in times.items():
         row = rows[name]
@@ -399,13 +379,6 @@ def plot(results, out_dir):
     return paths
 
 
-def load_average():
-    try:
-        return ', '.join(f'{v:.1f}' for v in os.getloadavg())
-    except OSError:
-        return 'unknown'
-
-
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -441,18 +414,18 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    from mmplugin_inline.analysis.measure import keep_freed_memory
+    from mmplugin_inline.analysis import measure
     args = parse_args(argv)
     if torch.device(args.device).type == 'cuda' and not torch.cuda.is_available():
         raise SystemExit(f'--device {args.device} asked for, but CUDA is not available here')
     if args.threads:
         torch.set_num_threads(args.threads)
     if torch.device(args.device).type == 'cpu':
-        keep_freed_memory()
+        measure.keep_freed_memory()
     os.makedirs(args.out_dir, exist_ok=True)
     env = dict(device=str(args.device), threads=torch.get_num_threads(),
                torch=torch.__version__, machine=platform.processor() or platform.machine(),
-               repeats=args.repeats, gemm_size=args.gemm_size, load_start=load_average())
+               repeats=args.repeats, gemm_size=args.gemm_size, load_start=measure.load_average())
     gemm = gemm_call(args.gemm_size, args.device)
     results, history, flops_cache = [], {}, {}
 
@@ -500,7 +473,7 @@ def main(argv=None):
             for r in rows:
                 print(f"{r['model']:32s} {r['size']:>10s} {mode:5s} "
                       f"{fmt(r['time_ms'], '10.1f')} ms", flush=True)
-    env['load_end'] = load_average()
+    env['load_end'] = measure.load_average()
     rates = [r['gemm_gflop_per_s'] for r in results if r.get('gemm_gflop_per_s')]
     env['gemm_gflop_per_s'] = statistics.median(rates) if rates else None
     table = markdown(results, env)
