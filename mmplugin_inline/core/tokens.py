@@ -29,8 +29,14 @@ def pad_amount(size: int, multiple: int) -> int:
 
     Plain integer arithmetic, so that it also holds for symbolic sizes (``torch.export``
     / ONNX export with dynamic H, W), where it stays an expression of the input size.
+    Written as ``ceil(size / multiple) * multiple - size`` so that the padded size
+    ``size + pad`` cancels to a multiple of a floor division, and a strided layer after it
+    divides it exactly: the sizes of later stages stay short expressions of the input's
+    (``(multiple - size % multiple) % multiple`` nested a modulo per stage, and the
+    exporter's simplification of those took most of the export time: a tiny InLine-PVT
+    exported in 221 s before, 12.5 s after).
     """
-    return (multiple - size % multiple) % multiple
+    return -(-size // multiple) * multiple - size
 
 
 def known_equal(a, b) -> bool:

@@ -54,8 +54,9 @@ class PatchMerging(nn.Module):
         b, n, c = x.shape
         h, w = hw
         x = x.view(b, h, w, c)
-        if not known_zero(h % 2, w % 2):
-            x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
+        ph, pw = pad_amount(h, 2), pad_amount(w, 2)  # exportable sizes (core.pad_amount)
+        if not known_zero(ph, pw):
+            x = F.pad(x, (0, 0, 0, pw, 0, ph))
         x = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], -1)
         new_hw = (x.shape[1], x.shape[2])
         return self.reduction(self.norm(x.reshape(b, -1, 4 * c))), new_hw
