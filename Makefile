@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo demo-seg test env gpu-check clean
+.PHONY: setup demo demo-seg test test-fast env gpu-check clean
 
 setup:
 	bash tools/setup_env.sh
@@ -19,6 +19,10 @@ demo-seg: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# the unit tier, to run after every change: no end-to-end runs (slow), no GPU tests
+test-fast: setup
+	$(PY) -m pytest -m "not slow and not cuda" $(PYTEST_ARGS)
 
 # the GPU path (env check, pytest -m cuda, GPU benchmark) -> work_dirs/gpu_check/gpu_check.json;
 # says so and exits 0 without a GPU. Not part of `make test`; no set-up step (a GPU machine

@@ -18,6 +18,7 @@ def _is_png(path):
         return f.read(8) == b'\x89PNG\r\n\x1a\n'
 
 
+@pytest.mark.slow
 def test_benchmark_writes_json_plot_and_ratio_table(tmp_path, capsys):
     results = benchmark_attention.main(['--quick', '--out-dir', str(tmp_path)])
     data = json.load(open(tmp_path / 'benchmark_attention.json'))
@@ -53,6 +54,7 @@ def _last_line_of_fresh_python(code, *args, **env):
     return res.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_keep_freed_memory_stops_page_faults_on_reallocation():
     """In a fresh process (allocator state is per process): 64 MiB tensors allocated
     again and again fault on every page with glibc's defaults; kept, at most the odd
@@ -88,6 +90,7 @@ def _thp_mode():
         return None
 
 
+@pytest.mark.slow
 def test_huge_pages_are_detected_when_torch_is_told_to_use_them():
     """torch reads THP_MEM_ALLOC_ENABLE once, so each case runs in a fresh process."""
     mode = _thp_mode()

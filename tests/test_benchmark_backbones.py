@@ -10,6 +10,7 @@ from helpers.runs import load_script
 bench = load_script('tools/analysis_tools/benchmark_backbones.py')
 
 
+@pytest.mark.slow
 def test_a_quick_run_writes_the_table_json_and_plots(tmp_path):
     out = bench.main(['--families', 'pvt', '--sizes', '32x32', '48x64', '--modes', 'infer',
                       'train', '--with-cp', 'none', 'mlp', '--repeats', '1',

@@ -142,6 +142,7 @@ def test_the_gpu_benchmark_case_uses_options_the_benchmark_accepts():
 
 # -- make gpu-check: its report, tested without a GPU -------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.skipif(HAS_CUDA, reason='this machine has a GPU: the no-GPU path does not run')
 def test_gpu_check_without_a_gpu_says_so_writes_the_json_and_exits_0(tmp_path, capsys):
     # in-process (its environment check still runs as a subprocess)

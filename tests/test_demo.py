@@ -9,6 +9,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('mode,metric', [('det', 'coco/segm_mAP'), ('seg', 'mIoU')])
 def test_shortened_demo_writes_metrics_and_pictures(mode, metric, tmp_path):
     env = dict(os.environ, DEMO_TRAIN='6', DEMO_VAL='3', DEMO_BUDGET_S='6',

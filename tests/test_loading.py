@@ -667,6 +667,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_under_a_distributed_launcher_only_local_rank_0_downloads(server, tmp_path):
     base, requests = server
     url = f'{base}/f/2f3898b07e9247f3beb3/?dl=1'

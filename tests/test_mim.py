@@ -81,6 +81,7 @@ def test_mim_search_lists_every_model_offline(site, tmp_path):
     assert configs and all(c.startswith('configs/inline_swin/') for c in configs)
 
 
+@pytest.mark.slow
 def test_mim_train_and_test_run_the_installed_tools(site, shapes, tmp_path):
     config = tmp_path / 'mask-rcnn_tiny.py'
     config.write_text(det_run_config(DET_CONFIG, shapes + '/'))

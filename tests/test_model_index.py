@@ -122,6 +122,7 @@ def test_recorded_parameters_are_what_the_built_model_has(index, config):
     assert (meta['Parameters'], meta['Backbone Parameters']) == (counts[''], counts['backbone'])
 
 
+@pytest.mark.slow
 def test_configs_that_build_the_same_model_record_the_same_parameters(index):
     """All configs, without building: equal model dicts must have equal counts."""
     seen = {}

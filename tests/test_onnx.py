@@ -130,6 +130,7 @@ def test_cli_exports_a_segmentor_in_tensor_mode(tmp_path):
     assert '| 1 | 61x83 | 0 | 1x150x16x21 |' in text
 
 
+@pytest.mark.slow
 def test_cli_rejects_bad_input(tmp_path):
     config = tiny_sem_fpn(tmp_path)
     script = osp.join(REPO, 'tools/deployment/pytorch2onnx.py')

@@ -272,6 +272,7 @@ def _budget_rank(rank, port, skew_s, results):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_time_budget_follows_rank_0_clock_under_ddp():
     import torch.multiprocessing as mp
 
