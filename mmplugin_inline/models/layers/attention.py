@@ -34,7 +34,15 @@ def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """[B, heads, N, d] -> [B, N, heads * d]."""
     b, h, n, d = x.shape
-    return x.transpose(1, 2).reshape(b, n, h * d)
+    x = x.transpose(1, 2)
+    if torch.compiler.is_exporting():
+        # SDPA's traced output strides are [B, N, heads, d] memory (the CPU kernel's), so
+        # the graph records this as a view; the ONNX exporter then decomposes SDPA into
+        # ops with [B, heads, N, d] memory, where that view fails (InLine-Swin-T's
+        # softmax windows). An explicit copy in exported graphs only: eager keeps the
+        # free view when the memory allows it
+        x = x.clone(memory_format=torch.contiguous_format)
+    return x.reshape(b, n, h * d)
 
 
 def describe_attn_types(conjunction: str = 'or', extra=()) -> str:
