@@ -38,6 +38,11 @@ def pad_amount(size: int, multiple: int) -> int:
     // multiple``, with positive operands only: ONNX's integer ``Div`` truncates towards
     zero, so ``-(-size // multiple)`` exports as a floor (outputs one row short).
     """
+    if known_zero(size % multiple):
+        # a size that is a known multiple (concrete, or e.g. a map padded to whole stripes
+        # of its own width) needs nothing: returning 0 keeps ``(2w - 1) // w``, which the
+        # exporter cannot simplify to 1, out of every later size and guard
+        return 0
     return (size + multiple - 1) // multiple * multiple - size
 
 
