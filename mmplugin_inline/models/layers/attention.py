@@ -166,7 +166,7 @@ class MultiHeadAttentionBase(nn.Module):
         out = merge_heads(inline_attention(split_heads(q, h), split_heads(k, h), split_heads(v, h),
                                            kernel=self.kernel, key_mask=key_mask))
         weights = self.residual(mean_token)                          # [G, C, 3, 3]
-        g, n, c = v.shape
+        g, _, c = v.shape
         v = v[:, num_prefix:]
         if key_mask is not None:
             v = v * key_mask.unsqueeze(-1).to(v.dtype)               # padded V -> 0

@@ -55,7 +55,6 @@ class CSWinBranch(MultiHeadAttentionBase):
         out = stripe_reverse(out + lepe, width, vertical, (hp, wp))
         return crop_to(out, hw).reshape(b, n, c)
 
-
     def lepe(self, v: torch.Tensor, win) -> torch.Tensor:
         """LePE: the depthwise ``get_v`` conv of V inside each stripe (zero padded at the
         stripe borders); v: [G, wh*ww, C] -> [G, wh*ww, C].

@@ -51,7 +51,8 @@ def cached_mask(key: tuple, build: Callable[[], Optional[torch.Tensor]]):
     tracing), where the mask must stay an expression of the input size in the graph.
     On CUDA the cached mask stays on its device; callers never write into it.
     """
-    if not fast_paths_enabled() or not all(type(k) in (int, bool, str, tuple) for k in key) \
+    # a symbolic size (SymInt) or a 0-d tensor (jit tracing) is not a plain int: built
+    if not fast_paths_enabled() or not all(type(k) in (int, str) for k in key) \
             or torch.compiler.is_compiling() or torch.jit.is_tracing():
         return build()
     if key in _mask_cache:
@@ -69,10 +70,6 @@ def cached_mask(key: tuple, build: Callable[[], Optional[torch.Tensor]]):
     return mask
 
 
-def _plain(*sizes) -> bool:
-    return all(type(s) is int for s in sizes)
-
-
 def shifted_window_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: Tuple[int, int],
                         shift: Tuple[int, int], device=None) -> Optional[torch.Tensor]:
     """Additive mask for (shifted) windows over a padded map, [nW, N, N], or None.
@@ -82,8 +79,6 @@ def shifted_window_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: 
     (:func:`cached_mask`). The caller must not write into the result.
     """
     key = ('shift', *hw, *valid_hw, *window, *shift, str(device))
-    if not _plain(*hw, *valid_hw, *window, *shift):
-        key = (None,)  # symbolic sizes: built, never cached
     return cached_mask(key, lambda: _shifted_window_mask(hw, valid_hw, window, shift, device))
 
 
@@ -119,8 +114,6 @@ def padding_key_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: Tup
     the caller must not write into the result.
     """
     key = ('pad', *hw, *valid_hw, *window, batch, str(device))
-    if not _plain(*hw, *valid_hw, *window, batch):
-        key = (None,)
     return cached_mask(key, lambda: _padding_key_mask(hw, valid_hw, window, batch, device))
 
 
