@@ -94,8 +94,10 @@ class InLineBackbone(BaseModule):
     ``frozen_stages``: -1 freezes nothing; 0 the stem (first patch embedding); ``k``
     the stem and the first ``k`` stages. It holds after ``train()``. ``norm_eval``
     keeps BatchNorm layers (if any are configured) in eval mode during training.
-    ``with_cp``: False, True, 'mlp' or 'attn' (see the families' docstrings; anything
-    else is a ValueError naming these).
+    ``with_cp`` (gradient checkpointing while training): False keeps every activation;
+    True recomputes each whole block in the backward pass; 'mlp' only the norm2 + MLP
+    half of each block (its widest activations); 'attn' only the norm1 + attention
+    half. Anything else is a ValueError naming these.
     ``init_cfg=dict(type='Pretrained', checkpoint=PATH)`` loads the authors' released
     classification checkpoint (see :mod:`mmplugin_inline.checkpoint`).
 

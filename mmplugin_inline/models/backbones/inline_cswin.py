@@ -59,10 +59,7 @@ class InLineCSWinTransformer(InLineBackbone):
         out_indices (Sequence[int]): Default: (0, 1, 2, 3).
         out_norm (bool): LayerNorm on each output. Default: True.
         frozen_stages, norm_eval, init_cfg, check_finite: see :class:`InLineBackbone`.
-        with_cp (bool | str): gradient checkpointing while training: False keeps
-            every activation; True recomputes each whole block in the backward pass;
-            'mlp' only the norm2 + MLP half of each block (its widest activations);
-            'attn' only the norm1 + attention half. Default: False.
+        with_cp (bool | str): see :class:`InLineBackbone`. Default: False.
         norm_cfg (dict): Default: ``dict(type='LN')``.
 
     Outputs: tuple of NCHW maps with ``embed_dim * 2**i`` channels at stride ``4 * 2**i``.

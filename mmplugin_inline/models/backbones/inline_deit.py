@@ -48,10 +48,7 @@ class InLineDeiT(InLineBackbone):
             embedding; k also the first k blocks. Default: -1.
         norm_eval, init_cfg, check_finite: see :class:`InLineBackbone`
             (``check_finite`` counts blocks: block k is ``blocks[k - 1]``).
-        with_cp (bool | str): gradient checkpointing while training: False keeps
-            every activation; True recomputes each whole block in the backward pass;
-            'mlp' only the norm2 + MLP half of each block (its widest activations);
-            'attn' only the norm1 + attention half. Default: False.
+        with_cp (bool | str): see :class:`InLineBackbone`. Default: False.
         norm_cfg (dict): Default: ``dict(type='LN', eps=1e-6)``.
     """
     arch_settings = {

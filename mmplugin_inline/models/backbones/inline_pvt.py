@@ -46,10 +46,7 @@ class InLinePVT(InLineBackbone):
             outputs. Default: True.
         frozen_stages (int): see :class:`InLineBackbone`. Default: -1.
         norm_eval (bool): Default: False.
-        with_cp (bool | str): gradient checkpointing while training: False keeps
-            every activation; True recomputes each whole block in the backward pass;
-            'mlp' only the norm2 + MLP half of each block (its widest activations);
-            'attn' only the norm1 + attention half. Default: False.
+        with_cp (bool | str): see :class:`InLineBackbone`. Default: False.
         norm_cfg (dict): block norms. Default: ``dict(type='LN', eps=1e-6)``.
         init_cfg (dict, optional): e.g. ``dict(type='Pretrained', checkpoint=PATH)``.
         check_finite (bool): stop at the first NaN / Inf (see :class:`InLineBackbone`).

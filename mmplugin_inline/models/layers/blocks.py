@@ -114,10 +114,6 @@ def _keep_narrow_outputs():
 #: the values of a backbone's ``with_cp``: no recomputation, the whole block, or the
 #: norm + attention half / the norm + MLP half of every block
 WITH_CP_MODES = (False, True, 'attn', 'mlp')
-WITH_CP_DOC = ("with_cp (bool | str): gradient checkpointing while training: False keeps "
-               "every activation; True recomputes each whole block in the backward pass; "
-               "'mlp' only the norm2 + MLP half of each block (its widest activations); "
-               "'attn' only the norm1 + attention half. Default: False.")
 
 
 def check_with_cp(with_cp, owner: str = 'with_cp'):
