@@ -1,11 +1,14 @@
 """Attention layers against token-by-token references on odd, padded sizes."""
+import copy
+import pickle
+
 import pytest
 import torch
 
 from mmplugin_inline.core import inline_attention_reference, local_residual_reference
-from mmplugin_inline.models.layers import (CSWinAttention, CSWinBranch, GlobalAttention,
-                                           TransformerBlock, WindowAttention, parse_block_types,
-                                           shifted_window_mask)
+from mmplugin_inline.models.layers import (INLINE, SOFTMAX, CSWinAttention, CSWinBranch,
+                                           GlobalAttention, TransformerBlock, WindowAttention,
+                                           attention_kind, parse_block_types, shifted_window_mask)
 
 
 def _qkv(attn, x):
@@ -99,8 +102,20 @@ def test_global_inline_attention_matches_the_definition_with_residual():
 
 def test_block_type_strings_expand_per_block():
     assert parse_block_types('IIMS2', [1, 2, 4, 2], 'x') == [
-        ['I'], ['I', 'I'], ['I', 'I', 'S', 'S'], ['S', 'S']]
-    assert parse_block_types('ISIS', [1, 1, 1, 1], 'x')[1] == ['S']
+        [INLINE], [INLINE, INLINE], [INLINE, INLINE, SOFTMAX, SOFTMAX], [SOFTMAX, SOFTMAX]]
+    assert parse_block_types('ISIS', [1, 1, 1, 1], 'x')[1] == [SOFTMAX]
+
+
+def test_a_letter_is_read_once_into_a_kind_that_knows_its_behaviour():
+    assert attention_kind('I') is INLINE and attention_kind(SOFTMAX) is SOFTMAX
+    assert INLINE.linear_in_tokens and INLINE.reads_mean_token and not INLINE.can_shift
+    assert not SOFTMAX.linear_in_tokens and SOFTMAX.can_shift and SOFTMAX.relative_position_bias
+    # layers keep the kind (and show its letter); a copied or pickled layer keeps the same kind
+    attn = GlobalAttention(8, 2, 'I')
+    assert attn.kind is INLINE and attn.attn_type == 'I' and hasattr(attn, 'residual')
+    assert copy.deepcopy(attn).kind is INLINE
+    assert pickle.loads(pickle.dumps(SOFTMAX)) is SOFTMAX
+    assert not hasattr(GlobalAttention(8, 2, SOFTMAX), 'residual')
 
 
 def test_block_type_letters_are_the_attention_types():

@@ -7,7 +7,7 @@ from mmcv.cnn import build_norm_layer
 from mmengine.logging import print_log
 
 from mmplugin_inline.core import nlc_to_nchw
-from mmplugin_inline.models.layers import (GlobalAttention, PatchEmbed, TransformerBlock,
+from mmplugin_inline.models.layers import (INLINE, GlobalAttention, PatchEmbed, TransformerBlock,
                                            contiguous_map, resize_pos_embed, run_blocks,
                                            stochastic_depth_rates)
 from mmplugin_inline.registry import MODELS
@@ -96,7 +96,7 @@ class InLineDeiT(InLineBackbone):
         dpr = stochastic_depth_rates([depth], drop_path_rate)[0]
         self.blocks = nn.ModuleList([
             TransformerBlock(dim,
-                             GlobalAttention(dim, cfg['num_heads'], 'I', qkv_bias, kernel,
+                             GlobalAttention(dim, cfg['num_heads'], INLINE, qkv_bias, kernel,
                                              num_prefix=1, proj_drop=drop_rate),
                              mlp_ratio, dpr[j], drop_rate, norm_cfg, act_cfg)
             for j in range(depth)])

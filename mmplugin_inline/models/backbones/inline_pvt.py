@@ -105,7 +105,8 @@ class InLinePVT(InLineBackbone):
                     dims[i],
                     GlobalAttention(dims[i], cfg['num_heads'][i], attn_type=t, qkv_bias=qkv_bias,
                                     kernel=kernel, separate_q=True,
-                                    sr_ratio=sr_ratios[i] if t == 'S' else 1,
+                                    # a quadratic kind (softmax) reduces its keys
+                                    sr_ratio=1 if t.linear_in_tokens else sr_ratios[i],
                                     proj_drop=drop_rate),
                     mlp_ratio=cfg['mlp_ratios'][i], drop_path=dpr[i][j], drop=drop_rate,
                     norm_cfg=norm_cfg, act_cfg=act_cfg) for j, t in enumerate(types[i])]))

@@ -12,12 +12,22 @@ from mmplugin_inline.registry import MODELS
 from .base import InLineBackbone, resolve_arch
 
 
-def inline_mixer(dim, num_heads, qkv_bias, kernel, inline_window, proj_drop):
-    """InLine attention over the whole map, or in windows of ``inline_window`` (ablation)."""
+def swin_mixer(kind, dim, num_heads, qkv_bias, kernel, window_size, shift, inline_window,
+               proj_drop):
+    """The attention of one block of attention ``kind``.
+
+    A kind whose cost is quadratic in the tokens (softmax) attends in windows of
+    ``window_size``, shifted by half a window when ``shift``. One whose cost is linear
+    (InLine) attends over the whole map, or in unshifted windows of ``inline_window``
+    (the ablation).
+    """
+    if not kind.linear_in_tokens:
+        return WindowAttention(dim, num_heads, kind, qkv_bias, window_size=window_size,
+                               shift=shift, proj_drop=proj_drop)
     if inline_window:
-        return WindowAttention(dim, num_heads, 'I', qkv_bias, kernel, window_size=inline_window,
+        return WindowAttention(dim, num_heads, kind, qkv_bias, kernel, window_size=inline_window,
                                proj_drop=proj_drop)
-    return GlobalAttention(dim, num_heads, 'I', qkv_bias, kernel, proj_drop=proj_drop)
+    return GlobalAttention(dim, num_heads, kind, qkv_bias, kernel, proj_drop=proj_drop)
 
 
 @MODELS.register_module()
@@ -97,14 +107,9 @@ class InLineSwinTransformer(InLineBackbone):
         for i, depth in enumerate(depths):
             stage = nn.Module()
             blocks = []
-            for j, t in enumerate(types[i]):
-                if t == 'I':
-                    attn = inline_mixer(dims[i], cfg['num_heads'][i], qkv_bias, kernel,
-                                        inline_window, drop_rate)
-                else:
-                    attn = WindowAttention(dims[i], cfg['num_heads'][i], 'S', qkv_bias,
-                                           window_size=window_size, shift=j % 2 == 1,
-                                           proj_drop=drop_rate)
+            for j, kind in enumerate(types[i]):
+                attn = swin_mixer(kind, dims[i], cfg['num_heads'][i], qkv_bias, kernel,
+                                  window_size, j % 2 == 1, inline_window, drop_rate)
                 blocks.append(TransformerBlock(dims[i], attn, mlp_ratio, dpr[i][j], drop_rate,
                                                norm_cfg, act_cfg))
             stage.blocks = nn.ModuleList(blocks)

@@ -1,16 +1,18 @@
 """Layers shared by the InLine backbone families."""
-from .attention import (ATTN_TYPES, GlobalAttention, MultiHeadAttentionBase,
-                        ResidualKernelPredictor)
-from .blocks import (WITH_CP_MODES, Mlp, TransformerBlock, check_with_cp,
-                     parse_block_types, run_blocks, stochastic_depth_rates)
+from .attention import GlobalAttention, MultiHeadAttentionBase
+from .attention_kinds import (ATTN_KINDS, ATTN_TYPES, INLINE, SOFTMAX, AttentionKind,
+                              ResidualKernelPredictor, attention_kind, parse_block_types)
+from .blocks import (WITH_CP_MODES, Mlp, TransformerBlock, check_with_cp, run_blocks,
+                     stochastic_depth_rates)
 from .embed import ConvMerging, PatchEmbed, PatchMerging, contiguous_map, resize_pos_embed
 from .stripe_attention import CSWinAttention, CSWinBranch
 from .window_attention import WindowAttention, relative_position_index, shifted_window_mask
 
 __all__ = [
-    'ATTN_TYPES', 'MultiHeadAttentionBase', 'GlobalAttention', 'ResidualKernelPredictor',
+    'ATTN_KINDS', 'ATTN_TYPES', 'INLINE', 'SOFTMAX', 'AttentionKind', 'attention_kind',
+    'parse_block_types', 'MultiHeadAttentionBase', 'GlobalAttention', 'ResidualKernelPredictor',
     'WindowAttention', 'relative_position_index', 'shifted_window_mask', 'CSWinAttention',
-    'CSWinBranch', 'WITH_CP_MODES', 'check_with_cp', 'Mlp', 'TransformerBlock', 'parse_block_types', 'run_blocks',
+    'CSWinBranch', 'WITH_CP_MODES', 'check_with_cp', 'Mlp', 'TransformerBlock', 'run_blocks',
     'stochastic_depth_rates', 'ConvMerging', 'PatchEmbed', 'PatchMerging', 'contiguous_map',
     'resize_pos_embed'
 ]

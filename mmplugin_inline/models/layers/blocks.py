@@ -12,7 +12,6 @@ try:  # selective checkpointing (torch >= 2.4); without it 'mlp' recomputes the 
 except ImportError:  # pragma: no cover
     create_selective_checkpoint_contexts = None
 
-from .attention import ATTN_TYPES, describe_attn_types
 
 
 class Mlp(nn.Module):
@@ -153,35 +152,3 @@ def stochastic_depth_rates(depths, drop_path_rate: float):
         out.append(rates[start:start + d])
         start += d
     return out
-
-
-def parse_block_types(spec: str, depths, family: str):
-    """Expand a block-type string into one 'I' / 'S' per block and stage.
-
-    One letter per stage: a letter of :data:`~.attention.ATTN_TYPES` ('I' InLine,
-    'S' softmax), or 'M': the stage's first ``n`` blocks are InLine and the rest
-    softmax, with ``n`` the number written after the stage letters (the authors'
-    'IIMS2'). E.g. ``'IIMS2'`` for four stages.
-
-    Raises:
-        ValueError: naming the problem, for a string of the wrong length or letters.
-    """
-    num_stages = len(depths)
-    if not isinstance(spec, str) or len(spec) < num_stages:
-        raise ValueError(f'{family}: block types {spec!r} need one letter per stage '
-                         f'({num_stages} stages), e.g. {"I" * num_stages!r}')
-    letters, tail = spec[:num_stages], spec[num_stages:]
-    bad = set(letters) - set(ATTN_TYPES) - {'M'}
-    if bad:
-        raise ValueError(f'{family}: block types {spec!r} use {sorted(bad)}; the letters are '
-                         + describe_attn_types('and', ["'M' (mixed, then a count)"]))
-    if 'M' in letters:
-        if not tail.isdigit():
-            raise ValueError(f"{family}: block types {spec!r} use 'M' but do not end with the "
-                             "number of InLine blocks of the mixed stage, e.g. 'IIMS2'")
-        n_inline = int(tail)
-    elif tail:
-        raise ValueError(f'{family}: block types {spec!r} have {len(spec)} letters for '
-                         f'{num_stages} stages')
-    return [[('I' if j < n_inline else 'S') if letter == 'M' else letter for j in range(depth)]
-            for letter, depth in zip(letters, depths)]

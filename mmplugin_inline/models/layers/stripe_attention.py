@@ -10,7 +10,7 @@ import torch.nn as nn
 from mmplugin_inline.core import (crop_to, fast_paths_enabled, nchw_to_nlc, nlc_to_nchw,
                                   pad_to_multiple, stripe_partition, stripe_reverse, stripe_shape)
 
-from .attention import MultiHeadAttentionBase, check_attn_type, check_heads
+from .attention import MultiHeadAttentionBase, attention_kind, check_heads
 from .window_attention import shifted_window_mask
 
 
@@ -25,7 +25,7 @@ class CSWinBranch(MultiHeadAttentionBase):
     """
 
     def __init__(self, dim, num_heads, attn_type, kernel='identity', stripe=None):
-        if attn_type == 'I' and stripe is not None:
+        if attention_kind(attn_type).reads_mean_token and stripe is not None:
             raise ValueError("InLine CSWin branches (attn_type='I') attend over the whole map: "
                              f'use stripe=None, got stripe={stripe!r}')
         super().__init__(dim, num_heads, attn_type, kernel)
@@ -48,10 +48,9 @@ class CSWinBranch(MultiHeadAttentionBase):
             bias = bias.unsqueeze(1).repeat(b, 1, 1, 1)
         qw, kw, vw = (stripe_partition(t, width, vertical) for t in maps)   # [G, Nw, C]
         lepe = self.lepe(vw, win)
-        if self.attn_type == 'I':
-            out = self.attend(qw, kw, vw, win, mean_token=mean_token)
-        else:
-            out = self.attend(qw, kw, vw, bias=bias)
+        # each kind reads what it needs: InLine the mean token (its branch is the whole
+        # map, never padded: no bias), softmax the padding bias
+        out = self.attend(qw, kw, vw, win, mean_token=mean_token, bias=bias)
         out = stripe_reverse(out + lepe, width, vertical, (hp, wp))
         return crop_to(out, hw).reshape(b, n, c)
 
@@ -88,18 +87,19 @@ class CSWinAttention(nn.Module):
     def __init__(self, dim, num_heads, attn_type='I', split_size=7, last_stage=False,
                  qkv_bias=True, kernel='identity', proj_drop=0.0):
         super().__init__()
-        check_attn_type(attn_type)
+        kind = attention_kind(attn_type)
         check_heads(dim, num_heads)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        one_branch = attn_type == 'I' or last_stage
+        # InLine's cost is linear in the tokens: one branch over the whole map
+        one_branch = kind.linear_in_tokens or last_stage
         if one_branch:
-            self.attns = nn.ModuleList([CSWinBranch(dim, num_heads, attn_type, kernel, None)])
+            self.attns = nn.ModuleList([CSWinBranch(dim, num_heads, kind, kernel, None)])
         else:
             if dim % 2 or num_heads % 2:
                 raise ValueError(f'two-branch CSWin attention needs an even width and head '
                                  f'count, got dim={dim}, num_heads={num_heads}')
             self.attns = nn.ModuleList([
-                CSWinBranch(dim // 2, num_heads // 2, attn_type, kernel, (split_size, vertical))
+                CSWinBranch(dim // 2, num_heads // 2, kind, kernel, (split_size, vertical))
                 for vertical in (True, False)])
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -109,7 +109,7 @@ class CSWinAttention(nn.Module):
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         # only InLine branches read the mean token (one branch over the whole map)
         mean = (shortcut if shortcut is not None else x).mean(dim=1) \
-            if self.attns[0].attn_type == 'I' else None
+            if self.attns[0].kind.reads_mean_token else None
         if len(self.attns) == 1:  # one branch: no split, no concatenation copy
             return self.proj_drop(self.proj(self.attns[0](q, k, v, hw, mean)))
         split = [t.chunk(2, dim=-1) for t in (q, k, v)]

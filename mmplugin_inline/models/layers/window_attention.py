@@ -163,11 +163,11 @@ class WindowAttention(MultiHeadAttentionBase):
         self.proj_drop = nn.Dropout(proj_drop)
         if window_size < 1:
             raise ValueError(f'window_size must be positive, got {window_size}')
-        if shift and attn_type == 'I':
+        if shift and not self.kind.can_shift:
             raise ValueError("shifted windows are softmax only (attn_type='S'); InLine "
                              "windows (attn_type='I') take shift=False")
         self.window_size, self.shift = window_size, shift
-        self.use_rel_pos = attn_type == 'S' and rel_pos_bias
+        self.use_rel_pos = self.kind.relative_position_bias and rel_pos_bias
         if self.use_rel_pos:
             self.relative_position_bias_table = nn.Parameter(
                 torch.zeros((2 * window_size - 1) ** 2, num_heads))
@@ -182,7 +182,7 @@ class WindowAttention(MultiHeadAttentionBase):
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
         """x: [B, H*W, C] -> [B, H*W, C]."""
-        if self.attn_type == 'I' and fast_paths_enabled():
+        if self.kind.reads_mean_token and fast_paths_enabled():
             return self._inline_windows(x, hw)
         b, n, c = x.shape
         h, w = hw
@@ -194,16 +194,16 @@ class WindowAttention(MultiHeadAttentionBase):
             xm = torch.roll(xm, shifts=(-shift, -shift), dims=(1, 2))
         windows = window_partition(xm, (ws, ws))                      # [B*nW, ws*ws, C]
         q, k, v = self.project(windows)
-        if self.attn_type == 'S':
-            bias = shifted_window_mask((hp, wp), (h, w), (ws, ws), (shift, shift), x.device)
-            out = self._softmax_windows(q, k, v, bias, b)
-        else:
+        if self.kind.reads_mean_token:  # InLine: padded keys masked out of its statistics
             valid = padding_key_mask((hp, wp), (h, w), (ws, ws), b, x.device)
             if valid is None:
                 mean_token = windows.mean(dim=1)
             else:  # the padded tokens of x are zeros: sum over the window / real count
                 mean_token = windows.sum(dim=1) / valid.sum(dim=1, keepdim=True).to(x.dtype)
             out = self.attend(q, k, v, (ws, ws), mean_token=mean_token, key_mask=valid)
+        else:  # softmax: padded keys (and the shift's wrapped regions) masked by a bias
+            bias = shifted_window_mask((hp, wp), (h, w), (ws, ws), (shift, shift), x.device)
+            out = self._softmax_windows(q, k, v, bias, b)
         out = window_reverse(out, (ws, ws), (hp, wp))
         if shift:
             out = torch.roll(out, shifts=(shift, shift), dims=(1, 2))
