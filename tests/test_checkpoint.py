@@ -6,8 +6,7 @@ import sys
 import pytest
 import torch
 
-from mmplugin_inline.checkpoint import detect_family, unwrap_state_dict
-from mmplugin_inline.loading import SetAside, load_weights
+from mmplugin_inline.weights import SetAside, detect_family, load_weights, unwrap_state_dict
 from mmplugin_inline.registry import MODELS
 
 from helpers.fidelity import FAMILIES, backbone_cfg, load_fixture

@@ -200,7 +200,7 @@ def _ranks_agree(dump_dir, checkpoint):
     ranks = [torch.load(osp.join(dump_dir, f'rank{r}.pth'), weights_only=True) for r in (0, 1)]
     assert ranks[0].keys() == ranks[1].keys()
     assert all(torch.equal(ranks[0][k], ranks[1][k]) for k in ranks[0])
-    from mmplugin_inline.loading import load_run_checkpoint
+    from mmplugin_inline.weights import load_run_checkpoint
     saved = load_run_checkpoint(str(checkpoint), map_location='cpu')['state_dict']
     assert all(torch.equal(saved[k], ranks[0][k]) for k in saved)
 

@@ -5,7 +5,7 @@
 
 The metrics are logged and written to WORK_DIR/TIMESTAMP/TIMESTAMP.json. The checkpoint
 is loaded with ``weights_only=True`` and an allow-list of what mmengine saves (see
-``mmplugin_inline.loading``).
+``mmplugin_inline.weights``).
 """
 import argparse
 import sys

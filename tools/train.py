@@ -6,7 +6,7 @@
 Before anything heavy it checks that the data, the pretrained weights and the
 checkpoint to resume from exist, and says how to get what is missing. ``--resume`` and
 ``load_from`` load the run's own checkpoints with ``weights_only=True`` and an
-allow-list of what mmengine saves (see ``mmplugin_inline.loading``).
+allow-list of what mmengine saves (see ``mmplugin_inline.weights``).
 """
 import argparse
 import sys

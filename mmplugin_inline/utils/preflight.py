@@ -274,7 +274,7 @@ def weights_hint(path: str) -> str:
 
 def _url_problem(url: str, key: str) -> Optional[str]:
     """A paragraph when the checkpoint URL set by ``key`` cannot be fetched, else None."""
-    from mmplugin_inline.loading import is_url, probe_url
+    from mmplugin_inline.weights.download import is_url, probe_url
     if not is_url(url):
         return None  # s3://, open-mmlab:// ...: left to mmengine's loaders
     problem = probe_url(url)

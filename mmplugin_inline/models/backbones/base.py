@@ -9,11 +9,11 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from mmplugin_inline.checkpoint import load_pretrained
 from mmplugin_inline.core import nlc_to_nchw
 from mmplugin_inline.models.layers import (check_with_cp, contiguous_map, parse_block_types,
                                            stochastic_depth_rates)
 from mmplugin_inline.registry import MODELS
+from mmplugin_inline.weights import load_pretrained
 
 ARCH_ALIASES = {'tiny': 't', 'small': 's', 'medium': 'm', 'base': 'b', 'large': 'l'}
 
@@ -97,7 +97,7 @@ class InLineBackbone(BaseModule):
     ``with_cp``: False, True, 'mlp' or 'attn' (see the families' docstrings; anything
     else is a ValueError naming these).
     ``init_cfg=dict(type='Pretrained', checkpoint=PATH)`` loads the authors' released
-    classification checkpoint (see :mod:`mmplugin_inline.checkpoint`).
+    classification checkpoint (see :mod:`mmplugin_inline.weights.convert`).
 
     ``forward`` starts with :meth:`_check_input` (a float ``[B, in_channels, H, W]``
     batch, not empty). ``check_finite=True`` (off by default: it reads every value)

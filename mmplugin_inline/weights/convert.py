@@ -8,7 +8,7 @@ signature of its checkpoints, their buffers, its renames) is declared on its bac
 class and read here from the registered families. :func:`load_pretrained` adds what
 needs the model: resizing position embeddings / tables, loading, and a loud report.
 Files (local paths or ``http(s)://`` URLs) are read as data only by
-:func:`mmplugin_inline.loading.load_weights`: whatever else the file holds (optimizer
+:func:`mmplugin_inline.weights.load_weights`: whatever else the file holds (optimizer
 state, a yacs config, ...) is set aside, and the log says what.
 """
 import logging
@@ -18,7 +18,12 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from mmplugin_inline.loading import SetAside, load_weights
+from .data_only import load_weights
+from .set_aside import SetAside
+
+__all__ = ['CLASSIFIER', 'family_signatures', 'dropped_entries', 'split_checkpoint',
+           'unwrap_state_dict', 'detect_family', 'convert_checkpoint', 'convert_state_dict',
+           'depth_differences', 'load_pretrained']
 
 CLASSIFIER = r'^head(_dist)?\.'  # classifier heads (and a distillation head): never loaded
 
