@@ -29,15 +29,16 @@ So does any corruption found later: the file's pickle is first walked with nothi
 exception while torch reads it is damage. ``http(s)://`` names are downloaded once into
 the cache (:func:`cached_file`, :mod:`.download`). The errors are in :mod:`.errors`.
 
-:mod:`.convert` turns a released checkpoint into a backbone's state dict (layouts,
-detecting the family, renames, depths, the report), from the facts each family declares.
+:mod:`.convert` turns a released checkpoint into a backbone's state dict: the generic
+part (layouts, detecting the family, depths, the report); each family's own renames and
+resizing are its backbone's ``checkpoint_filter`` hook.
 
 The modules import one way: errors <- files <- download; set_aside <- pickle_walk,
 global_names; run_checkpoints <- data_only <- convert.
 """
 from .convert import (convert_checkpoint, convert_state_dict, depth_differences,
-                      detect_family, dropped_entries, family_signatures, load_pretrained,
-                      split_checkpoint, unwrap_state_dict)
+                      detect_family, dropped_entries, family_class, family_signatures,
+                      load_pretrained, rename_keys, split_checkpoint, unwrap_state_dict)
 from .data_only import load_weights
 from .download import cache_dir, cached_file, is_url, probe_url, url_file_name
 from .errors import (CheckpointDownloadError, CheckpointError, DamagedCheckpointError,
@@ -58,6 +59,7 @@ __all__ = [
     'mmengine_checkpoint_loading', 'guard_runner_checkpoints', 'check_checkpoint_file',
     'absent_global', 'published_sha256', 'sha256_of', 'verify_published_file', 'damage_of',
     'history_buffer_getattr', 'convert_checkpoint', 'convert_state_dict',
-    'depth_differences', 'detect_family', 'dropped_entries', 'family_signatures',
-    'load_pretrained', 'split_checkpoint', 'unwrap_state_dict',
+    'depth_differences', 'detect_family', 'dropped_entries', 'family_class',
+    'family_signatures', 'load_pretrained', 'rename_keys', 'split_checkpoint',
+    'unwrap_state_dict',
 ]

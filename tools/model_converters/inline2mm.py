@@ -34,7 +34,7 @@ def convert_file(src: str, dst: str, family: str = None, allow_unsafe: bool = Fa
     os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
     torch.save({'state_dict': sd, 'meta': dict(source=os.path.basename(src), family=family)}, dst)
     return dict(family=family, detected=detected, entries_in=len(raw), entries_out=len(sd),
-                dropped=list(filter(dropped_entries().search, raw)), ignored=ignored)
+                dropped=list(filter(dropped_entries(family).search, raw)), ignored=ignored)
 
 
 def main(argv=None):
