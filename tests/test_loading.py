@@ -16,7 +16,7 @@ from mmplugin_inline.weights import (CheckpointDownloadError, CheckpointError,
                                      DamagedCheckpointError, SetAside, cache_dir, cached_file,
                                      load_run_checkpoint, load_weights, url_file_name)
 from mmplugin_inline.registry import MODELS
-from mmplugin_inline.utils.preflight import checkpoint_problems
+from mmplugin_inline.engine.preflight import checkpoint_problems
 
 from helpers.fidelity import DATA, backbone_cfg, load_fixture
 from helpers.local_server import serve_folder

@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from .tool_setup import fail
+from mmplugin_inline.utils.tool_setup import fail
 
 
 def _replace_norm(node, old: str, new: str) -> int:
@@ -68,7 +68,7 @@ def build_runner(cfg):
 
 
 def preflight_or_fail(cfg, mode: str) -> None:
-    """Run :func:`~mmplugin_inline.utils.preflight.preflight`; fail with its message."""
+    """Run :func:`~mmplugin_inline.engine.preflight.preflight`; fail with its message."""
     from .preflight import format_problems, preflight
     problems = preflight(cfg, mode)
     if problems:
