@@ -119,7 +119,7 @@ def run_demo(inputs: str, config, out_dir: str = 'outputs', weights=None, device
     Returns:
         list[str]: the paths of the written pictures, in the order of the images.
     """
-    from mmplugin_inline.loading import mmengine_checkpoint_loading
+    from mmplugin_inline.weights import mmengine_checkpoint_loading
     from mmplugin_inline.utils.tool_setup import can_show, codebase_of, load_config
     images = list_images(inputs)
     if weights is not None and not osp.isfile(weights):

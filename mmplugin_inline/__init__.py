@@ -3,7 +3,7 @@
 Importing the package (as ``custom_imports=dict(imports=['mmplugin_inline'])`` does)
 registers the backbones and necks in the plugin's registry and in mmdet's / mmseg's, and
 adds to torch's ``weights_only`` allow-list exactly the globals mmengine's checkpoints
-need, so stock mmdet / mmseg tools resume plugin runs (see :mod:`.loading`).
+need, so stock mmdet / mmseg tools resume plugin runs (see :mod:`.weights`).
 ``mmplugin_inline.core`` (the kernels) needs only PyTorch.
 """
 from .version import __version__
@@ -14,8 +14,8 @@ except ModuleNotFoundError:  # kernels-only use: ``from mmplugin_inline.core imp
     pass
 else:
     from . import engine, models  # noqa: F401  (registers the models and hooks)
-    from .loading import register_mmengine_safe_globals
     from .registry import register_into_codebases
+    from .weights import register_mmengine_safe_globals
 
     register_into_codebases()
     register_mmengine_safe_globals()

@@ -7,6 +7,7 @@ mmengine's root), so ``type='mmplugin_inline.InLinePVT'`` resolves from any scop
 ``'mmseg'`` can name them bare: ``type='InLinePVT'``.
 """
 import importlib
+from typing import Dict, Tuple
 
 from mmengine.registry import HOOKS as MMENGINE_HOOKS
 from mmengine.registry import MODELS as MMENGINE_MODELS
@@ -30,6 +31,16 @@ def registered_families() -> dict:
     """
     return {name: cls for name, cls in MODELS.module_dict.items()
             if getattr(cls, 'is_backbone_family', False)}
+
+
+def released_weights() -> Dict[str, Tuple[str, str]]:
+    """The InLine authors' released ImageNet-1K weights (their README), by the file name
+    the configs expect under checkpoints/: ``{file name: (model, URL)}``, gathered from
+    the registered backbone families (each declares its own ``released_weights``)."""
+    weights = {}
+    for family in registered_families().values():
+        weights.update(family.released_files())
+    return weights
 
 
 def register_into_codebases() -> list:

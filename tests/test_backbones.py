@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from mmplugin_inline.checkpoint import convert_checkpoint
+from mmplugin_inline.weights import convert_checkpoint
 from mmplugin_inline.registry import registered_families
 from mmplugin_inline.models.backbones.base import preset_key
 from mmplugin_inline.registry import MODELS

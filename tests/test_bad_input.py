@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mmplugin_inline.registry import MODELS, registered_families
-from mmplugin_inline.utils.preflight import json_top_level_value
+from mmplugin_inline.engine.preflight import json_top_level_value
 
 from helpers.fidelity import load_fixture
 from helpers.runs import DET_CONFIG, load_script, tool_failure

@@ -6,8 +6,9 @@ import sys
 import pytest
 import torch
 
-from mmplugin_inline.checkpoint import detect_family, unwrap_state_dict
-from mmplugin_inline.loading import SetAside, load_weights
+from mmplugin_inline.weights import (SetAside, convert_state_dict, detect_family, dropped_entries,
+                                     load_weights, unwrap_state_dict)
+from mmplugin_inline.weights.convert import CLASSIFIER
 from mmplugin_inline.registry import MODELS
 
 from helpers.fidelity import FAMILIES, backbone_cfg, load_fixture
@@ -150,3 +151,19 @@ def test_relative_position_tables_are_resampled_bicubically_to_another_window(tm
         expected = F.interpolate(grid, size=(23, 23), mode='bicubic', align_corners=False)
         assert own[key].shape == (23 * 23, heads)
         torch.testing.assert_close(own[key], expected.reshape(heads, -1).t(), rtol=0, atol=1e-6)
+
+
+def test_the_converter_takes_the_family_class_and_drops_only_its_buffers():
+    cswin = MODELS.get('InLineCSWinTransformer')
+    t = torch.zeros(1)
+    sd = collections.OrderedDict([('head.weight', t), ('stage1.0.qkv.weight', t),
+                                  ('layers.0.blocks.0.attn.relative_position_index', t)])
+    # CSWin's own hook renames; Swin's buffer regex is not applied to a CSWin file
+    assert list(convert_state_dict(sd, cswin)) == [
+        'stage1.0.attn.qkv.weight', 'layers.0.blocks.0.attn.relative_position_index']
+    assert list(convert_state_dict(sd, 'InLineSwinTransformer')) == ['stage1.0.qkv.weight']
+    assert dropped_entries(cswin).pattern == CLASSIFIER
+
+    class Unregistered(cswin):  # a subclass keeps its family's hook, found by class
+        pass
+    assert list(convert_state_dict(sd, Unregistered))[0] == 'stage1.0.attn.qkv.weight'

@@ -12,8 +12,7 @@ from mmengine.config import Config
 from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import DefaultScope
 
-from mmplugin_inline.registry import MODELS
-from mmplugin_inline.utils.preflight import released_weights
+from mmplugin_inline.registry import MODELS, released_weights
 from helpers.tiny_models import REPO, config_files, shrink_model
 
 CONFIGS = config_files()

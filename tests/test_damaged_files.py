@@ -17,7 +17,7 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from mmplugin_inline.loading import (CheckpointError, DamagedCheckpointError, load_run_checkpoint,
+from mmplugin_inline.weights import (CheckpointError, DamagedCheckpointError, load_run_checkpoint,
                                      load_weights)
 
 from helpers.fidelity import DATA

@@ -14,7 +14,7 @@ from mmengine.runner import Runner
 
 import mmplugin_inline  # noqa: F401
 from mmplugin_inline.engine import TimeBudgetHook
-from mmplugin_inline.loading import load_run_checkpoint, mmengine_checkpoint_loading
+from mmplugin_inline.weights import load_run_checkpoint, mmengine_checkpoint_loading
 
 
 class _Slow(BaseModel):

@@ -12,11 +12,11 @@ import zipfile
 import pytest
 import torch
 
-from mmplugin_inline.loading import (CheckpointDownloadError, CheckpointError,
+from mmplugin_inline.weights import (CheckpointDownloadError, CheckpointError,
                                      DamagedCheckpointError, SetAside, cache_dir, cached_file,
                                      load_run_checkpoint, load_weights, url_file_name)
 from mmplugin_inline.registry import MODELS
-from mmplugin_inline.utils.preflight import checkpoint_problems
+from mmplugin_inline.engine.preflight import checkpoint_problems
 
 from helpers.fidelity import DATA, backbone_cfg, load_fixture
 from helpers.local_server import serve_folder
@@ -142,7 +142,7 @@ def test_nothing_named_in_the_file_is_imported(tmp_path, monkeypatch):
                tmp_path / 'f.pth')
     marker.unlink()
     code = ('import sys\n'
-            'from mmplugin_inline.loading import load_weights\n'
+            'from mmplugin_inline.weights import load_weights\n'
             f'obj = load_weights({str(tmp_path / "f.pth")!r})\n'
             'print("side_effect_module" in sys.modules, obj["x"].pickled_as, obj["x"].state)\n')
     # the module is importable in the loading process too: only the policy keeps it out
@@ -295,7 +295,7 @@ def _declaring(pickled: bytes, numel: int) -> bytes:
 
 _UNDER_A_MEMORY_LIMIT = """
 import resource, sys
-from mmplugin_inline.loading import CheckpointError, load_run_checkpoint, load_weights
+from mmplugin_inline.weights import CheckpointError, load_run_checkpoint, load_weights
 peak = int(open('/proc/self/status').read().split('VmPeak:')[1].split()[0]) * 1024
 resource.setrlimit(resource.RLIMIT_AS, (peak + (1 << 30), peak + (1 << 30)))
 for path in sys.argv[1:]:
@@ -421,7 +421,7 @@ def test_a_run_checkpoint_naming_a_package_that_is_not_installed(tmp_path):
 def test_deciding_whether_a_name_exists_imports_nothing(tmp_path, monkeypatch):
     """Importing a module runs its code: absent_global never imports what a file names,
     neither a module that is not imported yet nor a submodule of an imported package."""
-    from mmplugin_inline.loading import absent_global
+    from mmplugin_inline.weights import absent_global
     marker = tmp_path / 'imported'
     code = f'open({str(marker)!r}, "a").write(__name__ + " ")\nclass Settings: pass\n'
     (tmp_path / 'lone_module.py').write_text(code)
@@ -468,7 +468,7 @@ def test_converter_reports_a_damaged_file_without_a_traceback(tmp_path):
 
 def _published(directory, stem='model'):
     """A run-like checkpoint saved as ``STEM-<its sha256[:8]>.pth``; returns the path."""
-    from mmplugin_inline.loading import sha256_of
+    from mmplugin_inline.weights import sha256_of
     tmp = directory / 'unnamed.pth'
     torch.save(run_like_checkpoint(), tmp)
     path = directory / f'{stem}-{sha256_of(str(tmp))[:8]}.pth'
@@ -488,7 +488,7 @@ def _one_float_changed(path):
 
 
 def test_a_published_file_is_checked_against_the_hash_in_its_name(tmp_path):
-    from mmplugin_inline.loading import sha256_of
+    from mmplugin_inline.weights import sha256_of
     path = _published(tmp_path)
     expected = path.name[len('model-'):-len('.pth')]
     for load in (load_weights, load_run_checkpoint):
@@ -530,7 +530,7 @@ def test_the_hash_check_is_turned_off_by_config_keys(tmp_path):
     top-level verify_hash = False reaches load_from / --resume through the runner guard."""
     from mmengine.runner.checkpoint import _load_checkpoint
 
-    from mmplugin_inline.loading import mmengine_checkpoint_loading
+    from mmplugin_inline.weights import mmengine_checkpoint_loading
     fixture = load_fixture('deit')
     path = tmp_path / 'inline_deit_mini-0badc0de.pth'  # not its hash
     torch.save(fixture['checkpoint'], path)
@@ -599,15 +599,15 @@ def test_weights_by_url_download_once_then_come_from_the_cache(server, hub_dir, 
 
 def test_a_published_url_is_verified_once_after_the_download(server, hub_dir, tmp_path,
                                                              monkeypatch):
-    from mmplugin_inline import loading
+    from mmplugin_inline.weights import files
     base, requests = server
     served = tmp_path / 'served' / 'pub'
     served.mkdir()
     good = _published(served, 'good')
     torch.save(run_like_checkpoint(), served / 'bad-0badc0de.pth')
     hashed = []
-    sha256_of = loading.sha256_of
-    monkeypatch.setattr(loading, 'sha256_of', lambda path: hashed.append(path) or sha256_of(path))
+    sha256_of = files.sha256_of
+    monkeypatch.setattr(files, 'sha256_of', lambda path: hashed.append(path) or sha256_of(path))
     url = f'{base}/pub/{good.name}'
     assert load_weights(url)['iter'] == 12 and load_run_checkpoint(url)['iter'] == 12
     assert len(hashed) == 1 and requests == [f'/pub/{good.name}']  # once, after the download
@@ -658,7 +658,7 @@ def test_preflight_reports_unreachable_urls_before_anything_is_built(server, hub
 _RANK_SCRIPT = """
 import os, sys, torch, torch.distributed as dist
 dist.init_process_group('gloo')
-from mmplugin_inline.loading import cached_file, load_weights
+from mmplugin_inline.weights import cached_file, load_weights
 torch.hub.set_dir(sys.argv[2])
 path = cached_file(sys.argv[1])
 obj = load_weights(sys.argv[1])
@@ -715,7 +715,7 @@ def test_load_from_a_url_goes_through_the_same_cache(server, hub_dir, tmp_path):
     """``load_from='https://...'`` in our tools: mmengine's URL scheme, our policy."""
     from mmengine.runner.checkpoint import _load_checkpoint
 
-    from mmplugin_inline.loading import mmengine_checkpoint_loading
+    from mmplugin_inline.weights import mmengine_checkpoint_loading
     base, requests = server
     (tmp_path / 'served' / 'runs').mkdir()
     torch.save({'meta': {'iter': 3}, 'state_dict': {'w': torch.ones(2)}},

@@ -13,7 +13,7 @@ import torch
 from mmengine.logging import HistoryBuffer
 from mmengine.registry import DefaultScope
 
-from mmplugin_inline.loading import DamagedCheckpointError, load_run_checkpoint
+from mmplugin_inline.weights import DamagedCheckpointError, load_run_checkpoint
 from helpers.pickles import RunsCode
 from helpers.runs import DET_CONFIG, PYTHON, SEG_CONFIG, load_script, ok, run_tool
 from helpers.tiny_models import REPO, SHAPES, det_run_config, seg_run_config

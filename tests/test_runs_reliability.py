@@ -124,7 +124,7 @@ def _work_dir_of_a_cut_save(work, pointer, ref=None):
     ('iter_1.pth', 'iter_6.pth'),  # it names a file deleted before the save (max_keep_ckpts)
 ])
 def test_auto_resume_never_picks_a_damaged_or_missing_checkpoint(tmp_path, pointer, expected):
-    from mmplugin_inline.utils.run_setup import latest_sound_checkpoint
+    from mmplugin_inline.engine.runner_setup import latest_sound_checkpoint
     work = tmp_path / 'work'
     _work_dir_of_a_cut_save(work, pointer)
     path, skipped = latest_sound_checkpoint(str(work))
@@ -139,7 +139,7 @@ def test_auto_resume_never_picks_a_damaged_or_missing_checkpoint(tmp_path, point
 def test_nothing_sound_to_resume_from_starts_afresh(tmp_path):
     from mmengine.config import Config
 
-    from mmplugin_inline.utils.run_setup import choose_auto_resume
+    from mmplugin_inline.engine.runner_setup import choose_auto_resume
     (tmp_path / 'iter_3.pth').write_bytes(b'')
     (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'iter_3.pth'))
     cfg = Config(dict(resume=True, load_from=None, work_dir=str(tmp_path)))
@@ -148,7 +148,7 @@ def test_nothing_sound_to_resume_from_starts_afresh(tmp_path):
 
 
 def test_a_save_cut_short_leaves_no_file_under_the_checkpoint_name(tmp_path):
-    from mmplugin_inline.utils.run_setup import atomic_checkpoint_saves
+    from mmplugin_inline.engine.runner_setup import atomic_checkpoint_saves
 
     class Runner:
         def save_checkpoint(self, out_dir, filename, *args, **kwargs):
@@ -200,7 +200,7 @@ def _ranks_agree(dump_dir, checkpoint):
     ranks = [torch.load(osp.join(dump_dir, f'rank{r}.pth'), weights_only=True) for r in (0, 1)]
     assert ranks[0].keys() == ranks[1].keys()
     assert all(torch.equal(ranks[0][k], ranks[1][k]) for k in ranks[0])
-    from mmplugin_inline.loading import load_run_checkpoint
+    from mmplugin_inline.weights import load_run_checkpoint
     saved = load_run_checkpoint(str(checkpoint), map_location='cpu')['state_dict']
     assert all(torch.equal(saved[k], ranks[0][k]) for k in saved)
 

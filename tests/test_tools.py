@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from mmplugin_inline.loading import (UnsafeCheckpointError, load_run_checkpoint,
+from mmplugin_inline.weights import (UnsafeCheckpointError, load_run_checkpoint,
                                      mmengine_checkpoint_loading)
-from mmplugin_inline.utils.preflight import dataset_problems, format_problems, preflight
+from mmplugin_inline.engine.preflight import dataset_problems, format_problems, preflight
 from mmplugin_inline.utils.tool_setup import load_run_config, load_tool_config
 
 from helpers.pickles import writes_marker
@@ -135,7 +135,7 @@ try:
 except Exception as exc:
     print('refused without the plugin:', type(exc).__name__)
 import mmplugin_inline
-from mmplugin_inline.loading import mmengine_checkpoint_globals
+from mmplugin_inline.weights import mmengine_checkpoint_globals
 after = torch.serialization.get_safe_globals()
 # torch.distributed.tensor, which mmengine imports, registers its own DTensor classes
 added = {str(g) for g in after if str(g) not in before and
@@ -143,7 +143,7 @@ added = {str(g) for g in after if str(g) not in before and
 print('added exactly the mmengine list:', added == set(map(str, mmengine_checkpoint_globals())))
 ckpt = torch.load(sys.argv[1], weights_only=True)  # what mmengine's load_from_local does
 print('mean', ckpt['message_hub']['log_scalars']['train/loss'].mean())
-from mmplugin_inline.loading import load_run_checkpoint
+from mmplugin_inline.weights import load_run_checkpoint
 load_run_checkpoint(sys.argv[1])  # our loader's scoped allow-list leaves the registration
 torch.load(sys.argv[1], weights_only=True)
 print('still registered after our loader')

@@ -5,7 +5,7 @@
 
 The metrics are logged and written to WORK_DIR/TIMESTAMP/TIMESTAMP.json. The checkpoint
 is loaded with ``weights_only=True`` and an allow-list of what mmengine saves (see
-``mmplugin_inline.loading``).
+``mmplugin_inline.weights``).
 """
 import argparse
 import sys
@@ -71,7 +71,8 @@ def main(argv=None):
     assert_environment()
     args = parse_args(argv)
 
-    from mmplugin_inline.utils import run_setup, tool_setup
+    from mmplugin_inline.engine import runner_setup
+    from mmplugin_inline.utils import tool_setup
 
     cfg, codebase = tool_setup.load_run_config(args.config, args.cfg_options, args.launcher,
                                                args.work_dir)
@@ -88,11 +89,11 @@ def main(argv=None):
                                                                                '.pickle')):
         tool_setup.fail(f'--out must name a .pkl file for mmdet configs, got {args.out}')
 
-    runner = run_setup.build_checked_runner(cfg, 'test', args.allow_unsafe)
+    runner = runner_setup.build_checked_runner(cfg, 'test', args.allow_unsafe)
     if args.out is not None and codebase == 'mmdet':
         from mmdet.evaluation import DumpDetResults
         runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
-    run_setup.run_or_fail(runner, 'test')
+    runner_setup.run_or_fail(runner, 'test')
 
 
 if __name__ == '__main__':

@@ -6,7 +6,7 @@
 Before anything heavy it checks that the data, the pretrained weights and the
 checkpoint to resume from exist, and says how to get what is missing. ``--resume`` and
 ``load_from`` load the run's own checkpoints with ``weights_only=True`` and an
-allow-list of what mmengine saves (see ``mmplugin_inline.loading``).
+allow-list of what mmengine saves (see ``mmplugin_inline.weights``).
 """
 import argparse
 import sys
@@ -40,7 +40,8 @@ def main(argv=None):
 
     import torch
 
-    from mmplugin_inline.utils import run_setup, tool_setup
+    from mmplugin_inline.engine import runner_setup
+    from mmplugin_inline.utils import tool_setup
 
     cfg, _ = tool_setup.load_run_config(args.config, args.cfg_options, args.launcher,
                                         args.work_dir)
@@ -61,8 +62,8 @@ def main(argv=None):
     elif args.resume is not None:
         cfg.resume, cfg.load_from = True, args.resume
 
-    runner = run_setup.build_checked_runner(cfg, 'train', args.allow_unsafe)
-    run_setup.run_or_fail(runner, 'train')
+    runner = runner_setup.build_checked_runner(cfg, 'train', args.allow_unsafe)
+    runner_setup.run_or_fail(runner, 'train')
 
 
 if __name__ == '__main__':

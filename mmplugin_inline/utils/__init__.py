@@ -1,2 +1,2 @@
 """Utilities that do not depend on the models: environment checks, what the command-line
-tools share (``tool_setup``), the train / test runner set-up, preflight."""
+tools share (``tool_setup``)."""

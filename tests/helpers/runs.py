@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from mmplugin_inline.loading import load_run_checkpoint
+from mmplugin_inline.weights import load_run_checkpoint
 
 from .tiny_models import REPO
 

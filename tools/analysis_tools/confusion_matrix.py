@@ -27,8 +27,8 @@ name, both maps are compared in the reduced numbering, ignored pixels skipped. W
 display ``--show`` says so and only writes the file.
 
 The .pkl is unpickled in full, as by mmdet's script (its tensors are pickled through
-``torch.storage._load_from_bytes``, which the data-only reader of ``loading.py`` sets
-aside): give it only predictions you made.
+``torch.storage._load_from_bytes``, which the data-only reader of
+``mmplugin_inline.weights`` sets aside): give it only predictions you made.
 """
 import argparse
 import os

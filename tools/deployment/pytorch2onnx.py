@@ -8,7 +8,7 @@ Usage::
 
 The model is built from the config (random weights unless ``--checkpoint`` is given;
 a whole-model checkpoint of ``tools/train.py``, read with the run-checkpoint policy of
-``mmplugin_inline.loading``). ``--backbone-only`` exports ``model.backbone`` (mmdet or
+``mmplugin_inline.weights``). ``--backbone-only`` exports ``model.backbone`` (mmdet or
 mmseg configs); otherwise the config must be an mmseg segmentor, exported in tensor
 mode: ``model(inputs, mode='tensor')``, normalised images [B, 3, H, W] in, the decode
 head's logits [B, classes, H/4, W/4] out (the data preprocessor, resizing back to the
@@ -262,7 +262,7 @@ def build_export_module(cfg, codebase: str, backbone_only: bool, checkpoint=None
     if checkpoint is not None:
         from mmengine.runner import load_checkpoint
 
-        from mmplugin_inline.loading import mmengine_checkpoint_loading
+        from mmplugin_inline.weights import mmengine_checkpoint_loading
         with mmengine_checkpoint_loading(allow_unsafe):
             load_checkpoint(model, checkpoint, map_location='cpu')
     if backbone_only:

@@ -84,7 +84,7 @@ def detection_pictures(cfg, checkpoint, num, score_thr):
     from mmdet.structures.mask import PolygonMasks
     from mmengine.structures import InstanceData
 
-    from mmplugin_inline.loading import mmengine_checkpoint_loading
+    from mmplugin_inline.weights import mmengine_checkpoint_loading
     with mmengine_checkpoint_loading():
         model = init_detector(cfg, checkpoint, device='cpu')
     dataset = DATASETS.build(cfg.val_dataloader.dataset)
@@ -117,7 +117,7 @@ def segmentation_pictures(cfg, checkpoint, num):
     from mmseg.registry import DATASETS, VISUALIZERS
     import torch
 
-    from mmplugin_inline.loading import mmengine_checkpoint_loading
+    from mmplugin_inline.weights import mmengine_checkpoint_loading
     with mmengine_checkpoint_loading():
         model = init_model(cfg, checkpoint, device='cpu')
     dataset = DATASETS.build(cfg.val_dataloader.dataset)

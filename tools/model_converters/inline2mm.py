@@ -6,7 +6,7 @@ The family is detected from the keys (or given with --family). The output is
 ``{'state_dict': ..., 'meta': ...}`` with the backbone's key names, no classifier and
 no buffers; ``init_cfg=dict(type='Pretrained', checkpoint=DST)`` loads it, as it loads
 the released file directly. SRC may be a local file or an http(s) URL (downloaded once
-into the cache). It is read as data only (``mmplugin_inline.loading.load_weights``):
+into the cache). It is read as data only (``mmplugin_inline.weights.load_weights``):
 whatever else the file holds (optimizer, a yacs config, ...) is set aside, and listed.
 """
 import argparse
@@ -15,9 +15,9 @@ import sys
 
 import torch
 
-from mmplugin_inline.checkpoint import (convert_state_dict, detect_family, dropped_entries,
-                                        family_signatures, split_checkpoint)
-from mmplugin_inline.loading import CheckpointError, load_weights
+from mmplugin_inline.weights import (CheckpointError, convert_state_dict, detect_family,
+                                     dropped_entries, family_signatures, load_weights,
+                                     split_checkpoint)
 
 
 def convert_file(src: str, dst: str, family: str = None, allow_unsafe: bool = False,
@@ -34,7 +34,7 @@ def convert_file(src: str, dst: str, family: str = None, allow_unsafe: bool = Fa
     os.makedirs(os.path.dirname(os.path.abspath(dst)), exist_ok=True)
     torch.save({'state_dict': sd, 'meta': dict(source=os.path.basename(src), family=family)}, dst)
     return dict(family=family, detected=detected, entries_in=len(raw), entries_out=len(sd),
-                dropped=list(filter(dropped_entries().search, raw)), ignored=ignored)
+                dropped=list(filter(dropped_entries(family).search, raw)), ignored=ignored)
 
 
 def main(argv=None):

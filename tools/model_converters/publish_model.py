@@ -30,7 +30,7 @@ import torch
 
 # mmengine imports pkg_resources, whose deprecation notice would bury the tool's messages
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
-from mmplugin_inline.loading import (CheckpointError, load_run_checkpoint,  # noqa: E402
+from mmplugin_inline.weights import (CheckpointError, load_run_checkpoint,  # noqa: E402
                                      sha256_of)
 
 KEPT_KEYS = ('meta', 'state_dict')

@@ -9,11 +9,11 @@ from mmcv.cnn import build_norm_layer
 from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from mmplugin_inline.checkpoint import load_pretrained
 from mmplugin_inline.core import nlc_to_nchw
 from mmplugin_inline.models.layers import (check_with_cp, contiguous_map, parse_block_types,
                                            stochastic_depth_rates)
 from mmplugin_inline.registry import MODELS
+from mmplugin_inline.weights import load_pretrained
 
 ARCH_ALIASES = {'tiny': 't', 'small': 's', 'medium': 'm', 'base': 'b', 'large': 'l'}
 
@@ -78,18 +78,21 @@ class InLineBackbone(BaseModule):
     """Base of the InLine backbones.
 
     Subclasses define ``stage_modules()`` (the modules of the stem and of each stage,
-    for ``frozen_stages``) and may define ``adapt_pretrained(sd)``.
+    for ``frozen_stages``) and may define the classmethod ``checkpoint_filter(sd, model)``.
 
     A family keeps its facts beside it, as class attributes: ``arch_settings`` (the
     presets), ``short_name`` (its name in file names: ``checkpoints/<short_name>_<arch>.pth``,
     ``configs/<short_name>/``), ``released_weights`` (the authors' released ImageNet-1K
     weights per preset: ``{arch: (model name, URL)}``), ``checkpoint_signature`` (a regex
     matching keys only its released checkpoints have), ``checkpoint_buffers`` (a regex
-    of the buffers they hold that the backbone rebuilds: dropped on loading),
-    ``checkpoint_renames`` (``(regex, replacement)`` pairs from their key names to the
-    backbone's), and the classmethod ``config_from_authors_args(args)`` (this backbone's
-    arguments for the authors' model built with ``args``). The loader, the converter
-    and preflight read them from :func:`mmplugin_inline.registry.registered_families`.
+    of the buffers they hold that the backbone rebuilds: dropped on loading), and the
+    classmethod ``config_from_authors_args(args)`` (this backbone's arguments for the
+    authors' model built with ``args``). The converter and preflight read them from
+    :func:`mmplugin_inline.registry.registered_families`. What a family does to a
+    released checkpoint is one hook beside it, the classmethod
+    ``checkpoint_filter(sd, model=None)`` (as timm's ``checkpoint_filter_fn``): the
+    renames from the released key names to the backbone's, and given the model, the
+    adaptation to it (resized position embeddings and tables, the final norm's place).
 
     ``frozen_stages``: -1 freezes nothing; 0 the stem (first patch embedding); ``k``
     the stem and the first ``k`` stages. It holds after ``train()``. ``norm_eval``
@@ -99,7 +102,7 @@ class InLineBackbone(BaseModule):
     half of each block (its widest activations); 'attn' only the norm1 + attention
     half. Anything else is a ValueError naming these.
     ``init_cfg=dict(type='Pretrained', checkpoint=PATH)`` loads the authors' released
-    classification checkpoint (see :mod:`mmplugin_inline.checkpoint`).
+    classification checkpoint (see :mod:`mmplugin_inline.weights.convert`).
 
     ``forward`` starts with :meth:`_check_input` (a float ``[B, in_channels, H, W]``
     batch, not empty). ``check_finite=True`` (off by default: it reads every value)
@@ -113,7 +116,6 @@ class InLineBackbone(BaseModule):
     released_weights: Dict[str, Tuple[str, str]] = {}
     checkpoint_signature: Optional[str] = None
     checkpoint_buffers: Optional[str] = None
-    checkpoint_renames: Tuple[Tuple[str, str], ...] = ()
 
     def __init__(self, frozen_stages: int = -1, norm_eval: bool = False, with_cp=False,
                  init_cfg=None, in_channels: int = 3, check_finite: bool = False):
@@ -128,6 +130,20 @@ class InLineBackbone(BaseModule):
         """``{file name the configs expect under checkpoints/: (model name, URL)}``."""
         return {f'{cls.short_name}_{arch}.pth': weights
                 for arch, weights in cls.released_weights.items()}
+
+    @classmethod
+    def checkpoint_filter(cls, sd: Dict[str, torch.Tensor],
+                          model: Optional['InLineBackbone'] = None) -> Dict[str, torch.Tensor]:
+        """The family's hook on a released checkpoint's state dict (classifier and buffers
+        dropped already): its keys renamed to the backbone's and, given ``model``, adapted
+        to that model. Renames must leave the backbone's own key names as they are: a
+        converted file comes through here again. The default changes nothing."""
+        return sd
+
+    def adapt_pretrained(self, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """``sd`` (a released checkpoint's state dict) through this model's family hook,
+        :meth:`checkpoint_filter`, with this model."""
+        return self.checkpoint_filter(sd, self)
 
     def _init_pyramid(self, cfg: dict, out_indices, block_types: str, drop_path_rate: float):
         """Stage layout of a hierarchical family.
@@ -261,8 +277,7 @@ class InLineBackbone(BaseModule):
                 raise ValueError(f"{type(self).__name__}: init_cfg type='Pretrained' needs "
                                  'checkpoint=PATH')
             self._init_from_scratch()
-            load_pretrained(self, checkpoint, type(self).__name__,
-                            allow_unsafe=cfg.get('allow_unsafe', False),
+            load_pretrained(self, checkpoint, allow_unsafe=cfg.get('allow_unsafe', False),
                             verify_hash=cfg.get('verify_hash', True))
             self._is_init = True
             return

@@ -1,5 +1,5 @@
 """InLine-CSWin: CSWin Transformer with whole-map InLine blocks and stripe softmax blocks."""
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -9,6 +9,7 @@ from mmcv.cnn import build_norm_layer
 from mmplugin_inline.core import nchw_to_nlc, pad_amount
 from mmplugin_inline.models.layers import ConvMerging, CSWinAttention, TransformerBlock, run_blocks
 from mmplugin_inline.registry import MODELS
+from mmplugin_inline.weights import rename_keys
 
 from .base import InLineBackbone, resolve_arch
 
@@ -76,8 +77,6 @@ class InLineCSWinTransformer(InLineBackbone):
         'b': ('InLine-CSwin-B', 'https://cloud.tsinghua.edu.cn/f/91e17121df284ae38521/?dl=1'),
     }
     checkpoint_signature = r'^stage1_conv_embed\.|^stage1\.\d+\.'
-    # the authors' CSWin keeps qkv / proj / attns in the block; ours in its attention
-    checkpoint_renames = ((r'^(stage\d+\.\d+)\.(qkv|proj|attns)\.', r'\1.attn.\2.'),)
 
     @classmethod
     def config_from_authors_args(cls, args: dict) -> dict:
@@ -121,9 +120,14 @@ class InLineCSWinTransformer(InLineBackbone):
             groups.append([getattr(self, f'stage{i + 1}'), merge] + self._out_norms_of(i))
         return groups
 
-    def adapt_pretrained(self, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        """The released final norm initialises the last output norm."""
-        return self._final_norm_to_last_out_norm(sd)
+    @classmethod
+    def checkpoint_filter(cls, sd: Dict[str, torch.Tensor],
+                          model: Optional[InLineBackbone] = None) -> Dict[str, torch.Tensor]:
+        """A released checkpoint to this backbone: the authors' CSWin keeps qkv / proj / attns
+        in the block, ours in its attention (renamed); given ``model``, the released final
+        norm initialises its last output norm."""
+        sd = rename_keys(sd, [(r'^(stage\d+\.\d+)\.(qkv|proj|attns)\.', r'\1.attn.\2.')])
+        return sd if model is None else model._final_norm_to_last_out_norm(sd)
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
         """x: [B, C_in, H, W] -> tuple of NCHW maps (see class docstring)."""

@@ -1,5 +1,5 @@
 """InLine-DeiT: a plain ViT with InLine attention, outputting maps of chosen blocks."""
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -115,22 +115,27 @@ class InLineDeiT(InLineBackbone):
         stem = [self.patch_embed, self.cls_token, self.pos_embed]
         return [stem] + [stem + [blk] for blk in self.blocks]
 
-    def adapt_pretrained(self, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        """Adapt a released checkpoint's state dict to this model.
+    @classmethod
+    def checkpoint_filter(cls, sd: Dict[str, torch.Tensor],
+                          model: Optional[InLineBackbone] = None) -> Dict[str, torch.Tensor]:
+        """A released checkpoint to this backbone (its keys are ours already), adapted to
+        ``model`` when given.
 
         Resizes a position embedding trained at another size. Without ``final_norm`` the
         checkpoint's final norm (``norm.weight`` / ``norm.bias``) has no place in the model:
         it is dropped, and the drop logged, rather than reported as unexpected keys.
         """
-        if not self.final_norm:
+        if model is None:
+            return sd
+        if not model.final_norm:
             dropped = [k for k in ('norm.weight', 'norm.bias') if sd.pop(k, None) is not None]
             if dropped:
                 print_log(f'InLineDeiT: dropped {", ".join(dropped)} of the checkpoint: '
                           'final_norm=False does not use a final norm', logger='current')
         pos = sd.get('pos_embed')
-        if pos is not None and pos.shape != self.pos_embed.shape:
+        if pos is not None and pos.shape != model.pos_embed.shape:
             side = int(round((pos.shape[1] - 1) ** 0.5))
-            sd['pos_embed'] = resize_pos_embed(pos, (side, side), self.grid, num_prefix=1,
+            sd['pos_embed'] = resize_pos_embed(pos, (side, side), model.grid, num_prefix=1,
                                                mode='bicubic')
         return sd
 

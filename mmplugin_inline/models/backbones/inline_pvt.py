@@ -1,5 +1,5 @@
 """InLine-PVT: the Pyramid Vision Transformer with InLine attention at full resolution."""
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -119,9 +119,14 @@ class InLinePVT(InLineBackbone):
                   for i in range(self.num_stages)]
         return [stages[0][:2]] + stages
 
-    def adapt_pretrained(self, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        """Resize released position embeddings to this model's grids."""
-        for i, grid in enumerate(self.grid_sizes):
+    @classmethod
+    def checkpoint_filter(cls, sd: Dict[str, torch.Tensor],
+                          model: Optional[InLineBackbone] = None) -> Dict[str, torch.Tensor]:
+        """A released checkpoint to this backbone (its keys are ours already); given
+        ``model``, its position embeddings resized to the model's grids."""
+        if model is None:
+            return sd
+        for i, grid in enumerate(model.grid_sizes):
             key = f'pos_embed{i + 1}'
             if key in sd and sd[key].shape[1] != grid[0] * grid[1]:
                 side = int(round(sd[key].shape[1] ** 0.5))

@@ -1,5 +1,5 @@
 """InLine-Swin: Swin Transformer whose InLine blocks attend over the whole map."""
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -123,16 +123,22 @@ class InLineSwinTransformer(InLineBackbone):
         return [[self.patch_embed]] + [[self.patch_embed, layer] + self._out_norms_of(i)
                                        for i, layer in enumerate(self.layers)]
 
-    def adapt_pretrained(self, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        """Final norm -> last output norm; relative position tables resized if needed."""
-        sd = self._final_norm_to_last_out_norm(sd)
-        own = self.state_dict()
+    @classmethod
+    def checkpoint_filter(cls, sd: Dict[str, torch.Tensor],
+                          model: Optional[InLineBackbone] = None) -> Dict[str, torch.Tensor]:
+        """A released checkpoint to this backbone (its keys are ours already; its buffers,
+        ``checkpoint_buffers``, are dropped before); given ``model``: final norm -> last
+        output norm, relative position tables resized if needed."""
+        if model is None:
+            return sd
+        sd = model._final_norm_to_last_out_norm(sd)
+        own = model.state_dict()
         for key, value in list(sd.items()):
             if key.endswith('relative_position_bias_table') and key in own \
                     and own[key].shape != value.shape:
                 # timm's bicubic resampling of a flat [(2w-1)^2, heads] table
                 sd[key] = resize_rel_pos_bias_table_simple(
-                    value, (self.window_size, self.window_size), tuple(own[key].shape))
+                    value, (model.window_size, model.window_size), tuple(own[key].shape))
         return sd
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:

@@ -10,21 +10,12 @@ them (one directory listing per folder, and the json read only up to its ``image
 import json
 import os
 import os.path as osp
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Iterable, Iterator, List, Optional, Tuple
+
+from mmplugin_inline.registry import released_weights
+from mmplugin_inline.weights.download import is_url, probe_url
 
 AUTHORS_PAGE = 'https://github.com/LeapLabTHU/InLine#pretrained-models'
-
-
-def released_weights() -> Dict[str, Tuple[str, str]]:
-    """The InLine authors' released ImageNet-1K weights (their README), by the file name
-    the configs expect under checkpoints/: ``{file name: (model, URL)}``, gathered from
-    the registered backbone families (each declares its own ``released_weights``)."""
-    from mmplugin_inline.registry import registered_families
-    weights = {}
-    for family in registered_families().values():
-        weights.update(family.released_files())
-    return weights
-
 
 SYNTHETIC_HINT = ('For a quick try without the real data, tools/misc/make_shapes_dataset.py '
                   'generates a small COCO / ADE20K-style set.')
@@ -274,7 +265,6 @@ def weights_hint(path: str) -> str:
 
 def _url_problem(url: str, key: str) -> Optional[str]:
     """A paragraph when the checkpoint URL set by ``key`` cannot be fetched, else None."""
-    from mmplugin_inline.loading import is_url, probe_url
     if not is_url(url):
         return None  # s3://, open-mmlab:// ...: left to mmengine's loaders
     problem = probe_url(url)

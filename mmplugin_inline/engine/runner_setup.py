@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from .tool_setup import fail
+from mmplugin_inline.utils.tool_setup import fail
 
 
 def _replace_norm(node, old: str, new: str) -> int:
@@ -68,7 +68,7 @@ def build_runner(cfg):
 
 
 def preflight_or_fail(cfg, mode: str) -> None:
-    """Run :func:`~mmplugin_inline.utils.preflight.preflight`; fail with its message."""
+    """Run :func:`~mmplugin_inline.engine.preflight.preflight`; fail with its message."""
     from .preflight import format_problems, preflight
     problems = preflight(cfg, mode)
     if problems:
@@ -91,7 +91,7 @@ def latest_sound_checkpoint(work_dir: str):
     Returns:
         tuple: ``(path or None, [(skipped path, why), ...])``.
     """
-    from mmplugin_inline.loading import damage_of
+    from mmplugin_inline.weights import damage_of
     named = None
     pointer = osp.join(work_dir, 'last_checkpoint')
     if osp.isfile(pointer):
@@ -167,12 +167,12 @@ def atomic_checkpoint_saves(runner):
 
 def build_checked_runner(cfg, mode: str, allow_unsafe: bool = False):
     """Check the files (``mode``: 'train' / 'test'), set up the device, build the runner
-    and make it load its checkpoint safely (see :mod:`mmplugin_inline.loading`).
+    and make it load its checkpoint safely (see :mod:`mmplugin_inline.weights`).
 
     For training it also picks the checkpoint of an automatic resume
     (:func:`choose_auto_resume`), adds :class:`~mmplugin_inline.engine.RandomStateHook`
     and makes checkpoint saves atomic (:func:`atomic_checkpoint_saves`)."""
-    from mmplugin_inline.loading import guard_runner_checkpoints
+    from mmplugin_inline.weights import guard_runner_checkpoints
     if mode == 'train':
         choose_auto_resume(cfg)
         add_default_hooks(cfg)
@@ -188,7 +188,7 @@ def run_or_fail(runner, step: str):
     """Run ``runner.<step>()`` ('train' / 'test'); a checkpoint that cannot be loaded
     (refused, damaged, not downloadable) is a message, not a traceback. A distributed
     run's process group is taken down afterwards (:func:`end_distributed`)."""
-    from mmplugin_inline.loading import CheckpointError
+    from mmplugin_inline.weights import CheckpointError
     try:
         return getattr(runner, step)()
     except CheckpointError as exc:

@@ -2,23 +2,31 @@
 
 The conversion is a pure function (:func:`convert_checkpoint`): it detects the file's
 layout (``{'model': ...}``, ``{'state_dict': ...}``, ``module.`` / ``backbone.``
-prefixes) and the family it was trained as, renames keys to the backbone's names and
-drops the classifier and non-persistent buffers. What is particular to a family (the
-signature of its checkpoints, their buffers, its renames) is declared on its backbone
-class and read here from the registered families. :func:`load_pretrained` adds what
-needs the model: resizing position embeddings / tables, loading, and a loud report.
-Files (local paths or ``http(s)://`` URLs) are read as data only by
-:func:`mmplugin_inline.loading.load_weights`: whatever else the file holds (optimizer
-state, a yacs config, ...) is set aside, and the log says what.
+prefixes) and the family it was trained as, drops the classifier and the family's
+non-persistent buffers, and hands the rest to the family's own hook. What is particular
+to a family is declared in its backbone file: the signature of its checkpoints and their
+buffers (``checkpoint_signature``, ``checkpoint_buffers``), and one hook,
+``checkpoint_filter(sd, model=None)``, which renames the keys to the backbone's (with
+:func:`rename_keys`) and, given the model, resizes position embeddings / tables to it.
+What is generic lives here: detecting the family by its keys' signature, the layouts,
+the comparison of depths, the messages. :func:`load_pretrained` adds what needs the
+model: loading, and a loud report. Files (local paths or ``http(s)://`` URLs) are read
+as data only by :func:`mmplugin_inline.weights.load_weights`: whatever else the file
+holds (optimizer state, a yacs config, ...) is set aside, and the log says what.
 """
 import logging
 import re
 from collections import OrderedDict
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 
-from mmplugin_inline.loading import SetAside, load_weights
+from .data_only import load_weights
+from .set_aside import SetAside
+
+__all__ = ['CLASSIFIER', 'family_class', 'family_signatures', 'dropped_entries',
+           'rename_keys', 'split_checkpoint', 'unwrap_state_dict', 'detect_family',
+           'convert_checkpoint', 'convert_state_dict', 'depth_differences', 'load_pretrained']
 
 CLASSIFIER = r'^head(_dist)?\.'  # classifier heads (and a distillation head): never loaded
 
@@ -36,11 +44,32 @@ def family_signatures() -> Dict[str, re.Pattern]:
             if cls.checkpoint_signature}
 
 
-def dropped_entries() -> re.Pattern:
-    """A regex of the entries never loaded into a backbone: classifier heads and the
-    buffers a family rebuilds at run time (each family's ``checkpoint_buffers``)."""
-    return re.compile('|'.join([CLASSIFIER] + [cls.checkpoint_buffers for cls in
-                                               _families().values() if cls.checkpoint_buffers]))
+def family_class(family: Union[type, str]) -> Optional[type]:
+    """The backbone class ``family`` stands for: the class itself, or the class registered
+    under that name (None if no family has it)."""
+    return family if isinstance(family, type) else _families().get(family)
+
+
+def dropped_entries(family: Union[type, str]) -> re.Pattern:
+    """A regex of the entries never loaded into ``family``'s backbone: classifier heads and
+    the buffers that family rebuilds at run time (its ``checkpoint_buffers``)."""
+    buffers = getattr(family_class(family), 'checkpoint_buffers', None)
+    return re.compile('|'.join([CLASSIFIER] + ([buffers] if buffers else [])))
+
+
+def rename_keys(sd: Dict[str, torch.Tensor],
+                renames: Iterable[Tuple[str, str]]) -> Dict[str, torch.Tensor]:
+    """``sd`` with every key passed through the ``(regex, replacement)`` pairs in turn, in
+    the same order. A family's ``checkpoint_filter`` uses it for the released key names;
+    the renames must leave the backbone's own names as they are (a converted file is
+    loaded through the same hook again)."""
+    renames = [(re.compile(p), repl) for p, repl in renames]
+    out = OrderedDict()
+    for key, value in sd.items():
+        for pattern, repl in renames:
+            key = pattern.sub(repl, key)
+        out[key] = value
+    return out
 
 
 _STATE_DICT_KEYS = ('state_dict', 'model', 'model_ema', 'module')
@@ -90,13 +119,13 @@ def detect_family(sd: Dict[str, torch.Tensor]) -> Optional[str]:
     return best if best and scores[best] else None
 
 
-def convert_checkpoint(obj, family: str) -> Dict[str, torch.Tensor]:
+def convert_checkpoint(obj, family: Union[type, str]) -> Dict[str, torch.Tensor]:
     """Convert a released checkpoint (any supported layout) to ``family``'s key names.
 
     Args:
         obj (dict): the loaded checkpoint.
-        family (str): backbone class name, e.g. ``'InLineSwinTransformer'``; its
-            ``checkpoint_renames`` rename the keys.
+        family (type | str): the backbone class, or its registered name, e.g.
+            ``'InLineSwinTransformer'``; its ``checkpoint_filter`` renames the keys.
 
     Returns:
         OrderedDict: the converted state dict (classifier and buffers dropped).
@@ -104,19 +133,19 @@ def convert_checkpoint(obj, family: str) -> Dict[str, torch.Tensor]:
     return convert_state_dict(unwrap_state_dict(obj), family)
 
 
-def convert_state_dict(sd: Dict[str, torch.Tensor], family: str) -> Dict[str, torch.Tensor]:
-    """:func:`convert_checkpoint` of a state dict already unwrapped (:func:`split_checkpoint`)."""
-    renames = [(re.compile(p), repl) for p, repl in
-               getattr(_families().get(family), 'checkpoint_renames', ())]
-    dropped = dropped_entries()
-    out = OrderedDict()
-    for key, value in sd.items():
-        if dropped.search(key):
-            continue
-        for pattern, repl in renames:
-            key = pattern.sub(repl, key)
-        out[key] = value
-    return out
+def convert_state_dict(sd: Dict[str, torch.Tensor], family: Union[type, str],
+                       model: Optional[torch.nn.Module] = None) -> Dict[str, torch.Tensor]:
+    """:func:`convert_checkpoint` of a state dict already unwrapped (:func:`split_checkpoint`).
+
+    Drops what :func:`dropped_entries` names, then applies the family's hook,
+    ``checkpoint_filter(sd, model)``: the renames, and given ``model``, its adaptation to
+    that model (resized position embeddings / tables, the final norm's place).
+    """
+    cls = family_class(family)
+    dropped = dropped_entries(cls)
+    sd = OrderedDict((k, v) for k, v in sd.items() if not dropped.search(k))
+    hook = getattr(cls, 'checkpoint_filter', None)
+    return hook(sd, model) if hook is not None else sd
 
 
 def _list_lengths(keys) -> Dict[str, set]:
@@ -140,27 +169,28 @@ def depth_differences(own_keys, checkpoint_keys) -> List[str]:
             for name in own if name in theirs and own[name] != theirs[name]]
 
 
-def _fix_for(family: str, guess: Optional[str]) -> str:
-    """What to change when a checkpoint does not fit ``family`` (``guess``: the family the
-    file looks like, if another)."""
-    cls = _families().get(family)
-    files = sorted(cls.released_files()) if cls is not None else []
+def _fix_for(cls: type, guess: Optional[str]) -> str:
+    """What to change when a checkpoint does not fit the family ``cls`` (``guess``: the
+    family the file looks like, if another)."""
+    family = cls.__name__
+    files = sorted(cls.released_files()) if hasattr(cls, 'released_files') else []
     own = f'; the released {family} files are {", ".join(files)}' if files else ''
     if guess and guess != family:
         return f"build {guess} (type='{guess}') for this file, or give {family} weights{own}"
-    presets = sorted(cls.arch_settings) if cls is not None else []
+    presets = sorted(getattr(cls, 'arch_settings', {}))
     return ('set arch to the preset the file was made for' +
             (f' (one of {presets})' if presets else '') +
             f', or give the weights of this arch{own}')
 
 
-def load_pretrained(model: torch.nn.Module, path: str, family: str, allow_unsafe: bool = False,
+def load_pretrained(model: torch.nn.Module, path: str, allow_unsafe: bool = False,
                     logger: Optional[logging.Logger] = None, min_match: float = 0.5,
                     verify_hash: bool = True) -> Tuple[list, list, list]:
     """Load a released checkpoint into ``model`` and report what matched.
 
-    ``model.adapt_pretrained(sd)`` (when defined) resizes position embeddings and
-    tables in ``sd`` to the model's. Entries whose shapes still differ are skipped and
+    The model's class is the family: its ``checkpoint_filter(sd, model)`` renames the
+    keys and resizes position embeddings and tables in ``sd`` to the model's
+    (:func:`convert_state_dict`). Entries whose shapes still differ are skipped and
     reported.
 
     Returns:
@@ -176,9 +206,9 @@ def load_pretrained(model: torch.nn.Module, path: str, family: str, allow_unsafe
     from mmengine.logging import print_log
     raw, ignored = split_checkpoint(load_weights(path, allow_unsafe=allow_unsafe,
                                                  verify_hash=verify_hash))
-    sd = convert_state_dict(raw, family)
-    if hasattr(model, 'adapt_pretrained'):
-        sd = model.adapt_pretrained(sd)
+    family_cls = type(model)
+    family = family_cls.__name__
+    sd = convert_state_dict(raw, family_cls, model)
     own = model.state_dict()
     mismatched = [k for k, v in sd.items() if k in own and own[k].shape != v.shape]
     loadable = OrderedDict((k, v) for k, v in sd.items() if k in own and k not in mismatched)
@@ -203,7 +233,7 @@ def load_pretrained(model: torch.nn.Module, path: str, family: str, allow_unsafe
             cause = ('the checkpoint is probably for another arch / size (e.g. small weights '
                      'into a tiny model) or another model altogether')
         raise RuntimeError(f'{family}: {path} does not fit this model: {cause}. To fix: '
-                           f'{_fix_for(family, guess)}. [{report}. Examples: missing '
+                           f'{_fix_for(family_cls, guess)}. [{report}. Examples: missing '
                            f'{missing[:3]}, unexpected {unexpected[:3]}, other shape '
                            f'{mismatched[:3]}]')
     model.load_state_dict(loadable, strict=False)
