@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo demo-seg test test-fast env gpu-check clean
+.PHONY: setup demo demo-seg test test-fast docs env gpu-check clean
 
 setup:
 	bash tools/setup_env.sh
@@ -24,6 +24,10 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -m "not slow and not cuda" $(PYTEST_ARGS)
 
+# the manual (Sphinx + MyST) -> docs/_build/html/index.html; any warning is an error
+docs: setup
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+
 # the GPU path (env check, pytest -m cuda, GPU benchmark) -> work_dirs/gpu_check/gpu_check.json;
 # says so and exits 0 without a GPU. Not part of `make test`; no set-up step (a GPU machine
 # may have its own CUDA mmcv): use `make gpu-check PY=python` for another environment.
@@ -31,4 +35,4 @@ gpu-check:
 	$(PY) tools/misc/gpu_check.py --out-dir work_dirs/gpu_check
 
 clean:
-	rm -rf .venv build *.egg-info .pytest_cache
+	rm -rf .venv build *.egg-info .pytest_cache docs/_build docs/_generated
