@@ -12,7 +12,7 @@ Usage::
 ``INPUTS`` is an image, a folder (its images, not its sub-folders) or a quoted glob
 pattern (``'data/shapes_demo/images/validation/00000*.jpg'``). Which codebase the
 config belongs to is its ``default_scope``, else the codebase whose registry has the
-model type (``mmplugin_inline.utils.tool_setup``); the pictures are drawn by mmdet's
+model type (``mmplugin_inline.tools_common``); the pictures are drawn by mmdet's
 ``DetInferencer`` (``DetLocalVisualizer``) or mmseg's ``MMSegInferencer``
 (``SegLocalVisualizer``) and written to ``OUT_DIR/vis/<image name>`` (mmseg also writes
 the predicted label maps to ``OUT_DIR/pred/``), ``--batch-size`` images at a time
@@ -120,7 +120,7 @@ def run_demo(inputs: str, config, out_dir: str = 'outputs', weights=None, device
         list[str]: the paths of the written pictures, in the order of the images.
     """
     from mmplugin_inline.loading import mmengine_checkpoint_loading
-    from mmplugin_inline.utils.tool_setup import can_show, codebase_of, load_config
+    from mmplugin_inline.tools_common import can_show, codebase_of, load_config
     images = list_images(inputs)
     if weights is not None and not osp.isfile(weights):
         raise FileNotFoundError(f'checkpoint not found: {weights}')
@@ -175,7 +175,7 @@ def run_demo(inputs: str, config, out_dir: str = 'outputs', weights=None, device
 
 
 def parse_args(argv=None):
-    from mmplugin_inline.utils.tool_setup import add_model_options
+    from mmplugin_inline.tools_common import add_model_options
     parser = argparse.ArgumentParser(description='Predict on images and draw the results')
     parser.add_argument('inputs', help='an image, a folder of images or a quoted glob pattern')
     parser.add_argument('config', help='mmdet or mmseg config file')
@@ -200,7 +200,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     assert_environment()
-    from mmplugin_inline.utils.tool_setup import fail, load_tool_config
+    from mmplugin_inline.tools_common import fail, load_tool_config
     args = parse_args(argv)
     cfg, _ = load_tool_config(args.config, args.cfg_options)
     try:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mmplugin_inline.analysis import model_race as race
-from mmplugin_inline.analysis.codebase import dummy_train_batch
+from mmplugin_inline.analysis.model_and_batch import dummy_train_batch
 from mmplugin_inline.analysis.measure import extrapolate, interleaved_times
 
 from helpers.runs import run_tool

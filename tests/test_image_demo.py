@@ -47,7 +47,7 @@ def test_detection_picture_with_random_weights(tmp_path, image, capsys):
 def test_segmentation_overlay_uses_the_given_weights(tmp_path, image, capsys):
     config = tiny_sem_fpn(tmp_path)
     from mmplugin_inline.analysis import build_model
-    from mmplugin_inline.utils.tool_setup import load_config
+    from mmplugin_inline.tools_common import load_config
     model = build_model(load_config(config))
     # weights that make every pixel class 7: the prediction must come from this file
     torch.nn.init.zeros_(model.decode_head.conv_seg.weight)

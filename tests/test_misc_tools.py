@@ -49,7 +49,7 @@ def test_each_tool_names_a_missing_or_foreign_config_and_a_missing_script(tmp_pa
         assert 'Config file not found: missing.py' in err
         err = tool_failure(main, [str(neither)] + rest, capsys)
         assert 'Cannot tell whether the config is for mmdet or mmseg' in err
-    from mmplugin_inline.utils.tool_setup import codebase_script
+    from mmplugin_inline.tools_common import codebase_script
     with pytest.raises(SystemExit):
         codebase_script('mmdet', 'misc/no_such_tool.py')
     err = capsys.readouterr().err
@@ -298,7 +298,7 @@ def test_segmentation_confusion_matrix_of_a_test_run_agrees_with_its_metrics(
     """tools/test.py --out DIR (label maps in the dataset's numbering, written by mmseg's
     IoUMetric) read back: the matrix's accuracy is the aAcc the same run reported."""
     from mmplugin_inline.analysis import build_model
-    from mmplugin_inline.utils.tool_setup import load_config
+    from mmplugin_inline.tools_common import load_config
     config = run_configs[1]
     torch.manual_seed(0)
     weights = str(tmp_path / 'random.pth')

@@ -22,7 +22,7 @@ from modelindex.load_model_index import load
 
 from mmplugin_inline.analysis import build_model, count_module
 from mmplugin_inline.registry import MODELS, registered_families
-from mmplugin_inline.utils.tool_setup import load_config
+from mmplugin_inline.tools_common import load_config
 
 from helpers.runs import load_script
 from helpers.tiny_models import REPO, config_files

@@ -15,7 +15,7 @@ import torch
 from mmplugin_inline.loading import (UnsafeCheckpointError, load_run_checkpoint,
                                      mmengine_checkpoint_loading)
 from mmplugin_inline.utils.preflight import dataset_problems, format_problems, preflight
-from mmplugin_inline.utils.tool_setup import load_run_config, load_tool_config
+from mmplugin_inline.tools_common import load_run_config, load_tool_config
 
 from helpers.pickles import writes_marker
 from helpers.runs import (DET_CONFIG, PYTHON, SEG_CONFIG, checkpoint_meta,

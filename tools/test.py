@@ -16,7 +16,7 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
 
 def parse_args(argv=None):
-    from mmplugin_inline.utils import tool_setup
+    from mmplugin_inline import tools_common
     parser = argparse.ArgumentParser(description='Test (and evaluate) a detector or segmentor')
     parser.add_argument('config', help='test config file path')
     parser.add_argument('checkpoint', help='checkpoint file')
@@ -32,15 +32,15 @@ def parse_args(argv=None):
                         help='seconds each picture is shown with --show')
     parser.add_argument('--tta', action='store_true',
                         help='test-time augmentation (the config\'s tta_model / tta_pipeline)')
-    tool_setup.add_run_options(parser, 'the checkpoint')
-    return tool_setup.parse_run_args(parser, argv)
+    tools_common.add_run_options(parser, 'the checkpoint')
+    return tools_common.parse_run_args(parser, argv)
 
 
 def enable_visualization(cfg, args, codebase: str) -> None:
     """Turn on the config's visualization hook for --show / --show-dir."""
     hook = cfg.get('default_hooks', {}).get('visualization')
     if hook is None:
-        from mmplugin_inline.utils.tool_setup import fail
+        from mmplugin_inline.tools_common import fail
         fail('--show / --show-dir need a visualization hook in default_hooks (the mmdet and '
              'mmseg default runtimes have one).')
     hook['draw'] = True
@@ -58,7 +58,7 @@ def enable_tta(cfg) -> None:
     """Wrap the model in the config's test-time augmentation model and pipeline."""
     from mmengine.config import ConfigDict
 
-    from mmplugin_inline.utils.tool_setup import fail
+    from mmplugin_inline.tools_common import fail
     if 'tta_model' not in cfg or 'tta_pipeline' not in cfg:
         fail('--tta needs tta_model and tta_pipeline in the config (mmseg\'s dataset bases '
              'have them; add them to mmdet configs, see mmdet\'s tools/test.py).')
@@ -71,9 +71,10 @@ def main(argv=None):
     assert_environment()
     args = parse_args(argv)
 
-    from mmplugin_inline.utils import run_setup, tool_setup
+    from mmplugin_inline import tools_common
+    from mmplugin_inline.utils import run_setup
 
-    cfg, codebase = tool_setup.load_run_config(args.config, args.cfg_options, args.launcher,
+    cfg, codebase = tools_common.load_run_config(args.config, args.cfg_options, args.launcher,
                                                args.work_dir)
     cfg.load_from = args.checkpoint
     cfg.resume = False
@@ -86,7 +87,7 @@ def main(argv=None):
         cfg.test_evaluator['keep_results'] = True
     if args.out is not None and codebase == 'mmdet' and not args.out.endswith(('.pkl',
                                                                                '.pickle')):
-        tool_setup.fail(f'--out must name a .pkl file for mmdet configs, got {args.out}')
+        tools_common.fail(f'--out must name a .pkl file for mmdet configs, got {args.out}')
 
     runner = run_setup.build_checked_runner(cfg, 'test', args.allow_unsafe)
     if args.out is not None and codebase == 'mmdet':

@@ -17,7 +17,7 @@ warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
 
 
 def parse_args(argv=None):
-    from mmplugin_inline.utils import tool_setup
+    from mmplugin_inline import tools_common
     parser = argparse.ArgumentParser(description='Train a detector or segmentor')
     parser.add_argument('config', help='train config file path')
     parser.add_argument('--work-dir', help='the directory to save logs and checkpoints')
@@ -29,8 +29,8 @@ def parse_args(argv=None):
     parser.add_argument('--resume', nargs='?', type=str, const='auto',
                         help='resume from this checkpoint, or, without a path, from the latest '
                              'checkpoint in the work directory')
-    tool_setup.add_run_options(parser, 'a resume / load_from checkpoint')
-    return tool_setup.parse_run_args(parser, argv)
+    tools_common.add_run_options(parser, 'a resume / load_from checkpoint')
+    return tools_common.parse_run_args(parser, argv)
 
 
 def main(argv=None):
@@ -40,20 +40,21 @@ def main(argv=None):
 
     import torch
 
-    from mmplugin_inline.utils import run_setup, tool_setup
+    from mmplugin_inline import tools_common
+    from mmplugin_inline.utils import run_setup
 
-    cfg, _ = tool_setup.load_run_config(args.config, args.cfg_options, args.launcher,
+    cfg, _ = tools_common.load_run_config(args.config, args.cfg_options, args.launcher,
                                         args.work_dir)
 
     if args.amp:
         if not torch.cuda.is_available():
-            tool_setup.fail('--amp (mixed precision) needs a GPU: mmengine\'s AmpOptimWrapper '
+            tools_common.fail('--amp (mixed precision) needs a GPU: mmengine\'s AmpOptimWrapper '
                            'does not run on CPU. Drop --amp to train in fp32.')
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.loss_scale = 'dynamic'
     if args.auto_scale_lr:
         if 'base_batch_size' not in cfg.get('auto_scale_lr', {}):
-            tool_setup.fail('--auto-scale-lr needs auto_scale_lr = dict(base_batch_size=N) in '
+            tools_common.fail('--auto-scale-lr needs auto_scale_lr = dict(base_batch_size=N) in '
                            'the config (mmdet configs have it).')
         cfg.auto_scale_lr.enable = True
     if args.resume == 'auto':  # the latest checkpoint of the work directory

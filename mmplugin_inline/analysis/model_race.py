@@ -13,7 +13,7 @@ Cases, per pair:
 - segmentors also in mmseg's ``slide`` mode (crops of ``slide_crop`` at ``slide_stride``)
   at every size larger than a crop, beside ``whole``;
 - a training step at ``train_size``: a batch of ``train_batch`` images with ground truth
-  (:func:`~mmplugin_inline.analysis.codebase.dummy_train_batch`) through the data
+  (:func:`~mmplugin_inline.analysis.model_and_batch.dummy_train_batch`) through the data
   preprocessor (training mode), the losses, and their backward (no optimizer step). The
   auxiliary heads that train with the model are kept.
 
@@ -49,7 +49,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .codebase import build_model, dummy_data_batch, dummy_train_batch
+from .model_and_batch import build_model, dummy_data_batch, dummy_train_batch
 from .measure import extrapolate, interleaved_times, load_average, peak_extra_memory
 
 ROLES = ('ours', 'peer')
@@ -163,7 +163,7 @@ def pair_configs(pair: Pair, root: Optional[str] = None):
     ``init_cfg`` of the backbones and the model's ``pretrained`` are None, so building
     or initialising reads nothing.
     """
-    from ..utils.tool_setup import load_config
+    from ..tools_common import load_config
     ours = load_config(osp.join(root or config_root(), pair.config))
     if backbone_channels(ours.model) != tuple(pair.channels):
         raise ValueError(f'{pair.config} takes backbone channels {backbone_channels(ours.model)}'
@@ -479,7 +479,7 @@ def run_race(args, configs: Optional[Dict[str, tuple]] = None) -> dict:
     ``configs`` (``{pair key: (ours Config, peer Config)}``) replaces
     :func:`pair_configs` for those pairs (e.g. shrunk models).
     """
-    from ..utils.tool_setup import codebase_of
+    from ..tools_common import codebase_of
     if args.threads:
         torch.set_num_threads(args.threads)
     os.makedirs(args.out_dir, exist_ok=True)

@@ -1,2 +1,2 @@
-"""Utilities that do not depend on the models: environment checks, what the command-line
-tools share (``tool_setup``), the train / test runner set-up, preflight."""
+"""Utilities that do not depend on the models: environment checks, the train / test
+runner set-up, preflight (what the command-line tools share is ``mmplugin_inline.tools_common``)."""

@@ -44,7 +44,7 @@ def _matplotlib_seaborn():
 
 def read_log(path):
     """The json lines of a log (a message names a missing or unreadable file)."""
-    from mmplugin_inline.utils.tool_setup import fail
+    from mmplugin_inline.tools_common import fail
     if not osp.isfile(path):
         fail(f'Log not found: {path}. Training writes it to '
              'WORK_DIR/<timestamp>/vis_data/scalars.json.')
@@ -66,7 +66,7 @@ def codebase_of_log(path, lines) -> str:
     """'mmdet' or 'mmseg': the config saved beside the log, else the log's shape."""
     from mmengine.config import Config
 
-    from mmplugin_inline.utils.tool_setup import codebase_of
+    from mmplugin_inline.tools_common import codebase_of
     config = osp.join(osp.dirname(osp.abspath(path)), 'config.py')
     if osp.isfile(config):
         try:
@@ -101,12 +101,12 @@ def parse_args(argv=None):
 
 def main(argv=None):
     assert_environment()
-    from mmplugin_inline.utils import tool_setup
+    from mmplugin_inline import tools_common
     args = parse_args(argv)
     logs = {path: read_log(path) for path in args.json_logs}
     codebases = {codebase_of_log(path, lines) for path, lines in logs.items()}
     if len(codebases) > 1:
-        tool_setup.fail('The logs come from both mmdet and mmseg runs; analyse them separately.')
+        tools_common.fail('The logs come from both mmdet and mmseg runs; analyse them separately.')
     codebase = codebases.pop()
     if args.task == 'cal_train_time':
         codebase = 'mmdet'  # mmseg ships no cal_train_time
@@ -116,7 +116,7 @@ def main(argv=None):
     except ImportError:  # only for the script's import: no one else sees the stand-in
         sys.modules['seaborn'] = stand_in = _matplotlib_seaborn()
     try:
-        script = tool_setup.codebase_script(codebase, 'analysis_tools/analyze_logs.py')
+        script = tools_common.codebase_script(codebase, 'analysis_tools/analyze_logs.py')
     finally:
         if stand_in:
             del sys.modules['seaborn']
@@ -131,12 +131,12 @@ def main(argv=None):
         try:
             script.cal_train_time(log_dicts, args)
         except (KeyError, ValueError) as exc:
-            tool_setup.fail(f'cal_train_time: {exc}. Each epoch needs at least two logged '
+            tools_common.fail(f'cal_train_time: {exc}. Each epoch needs at least two logged '
                             'iterations (lower default_hooks.logger.interval) or give '
                             '--include-outliers.')
         return log_dicts
-    if args.out is None and not tool_setup.display_available() and args.backend is None:
-        tool_setup.fail('No display to show the figure on: give --out FILE.png to save it.')
+    if args.out is None and not tools_common.display_available() and args.backend is None:
+        tools_common.fail('No display to show the figure on: give --out FILE.png to save it.')
     if args.keys is None:
         args.keys = ['bbox_mAP'] if codebase == 'mmdet' else ['mIoU']
     if codebase == 'mmdet':  # its loader keeps the part after the last '/'
@@ -144,13 +144,13 @@ def main(argv=None):
     if args.out:
         os.makedirs(osp.dirname(osp.abspath(args.out)), exist_ok=True)
     if args.legend is not None and len(args.legend) != len(args.json_logs) * len(args.keys):
-        tool_setup.fail(f'--legend needs one entry per log and key: '
+        tools_common.fail(f'--legend needs one entry per log and key: '
                         f'{len(args.json_logs)} x {len(args.keys)}, got {len(args.legend)}.')
     log_dicts = script.load_json_logs(args.json_logs)
     try:
         script.plot_curve(log_dicts, args)
     except KeyError as exc:
-        tool_setup.fail(f'plot_curve: {exc.args[0] if exc.args else exc}')
+        tools_common.fail(f'plot_curve: {exc.args[0] if exc.args else exc}')
     return log_dicts
 
 

@@ -54,7 +54,7 @@ def benchmark(config, shape: Optional[Sequence[int]] = None, batch: int = 1, war
 
     from mmplugin_inline.analysis import (build_model, dummy_data_batch, parse_shape,
                                           peak_extra_memory, tensor_bytes, time_calls)
-    from mmplugin_inline.utils.tool_setup import codebase_of, fail, load_config
+    from mmplugin_inline.tools_common import codebase_of, fail, load_config
     if mode not in MODES:
         raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
     if batch < 1 or iters < 1 or warmup < 0:
@@ -116,7 +116,7 @@ def format_report(result: dict, config_name: str = '') -> str:
 
 
 def parse_args(argv=None):
-    from mmplugin_inline.utils.tool_setup import add_model_options
+    from mmplugin_inline.tools_common import add_model_options
     parser = argparse.ArgumentParser(
         description='Inference images/s and peak memory of an mmdet / mmseg model')
     parser.add_argument('config', help='config file path')
@@ -131,7 +131,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     assert_environment()
-    from mmplugin_inline.utils.tool_setup import load_tool_config
+    from mmplugin_inline.tools_common import load_tool_config
     args = parse_args(argv)
     cfg, _ = load_tool_config(args.config, args.cfg_options)
     result = benchmark(cfg, args.shape, args.batch, args.warmup, args.iters, args.device,

@@ -48,7 +48,7 @@ def main(argv=None):
 
     from mmplugin_inline.analysis.measure import keep_freed_memory
     from mmplugin_inline.analysis.model_race import run_race
-    from mmplugin_inline.utils.tool_setup import fail
+    from mmplugin_inline.tools_common import fail
     if torch.device(args.device).type == 'cuda' and not torch.cuda.is_available():
         fail(f'--device {args.device} asked for, but CUDA is not available here')
     if torch.device(args.device).type == 'cpu':

@@ -40,7 +40,7 @@ from mmplugin_inline.utils.env_check import assert_environment
 
 
 def parse_args(argv=None):
-    from mmplugin_inline.utils.tool_setup import add_cfg_options
+    from mmplugin_inline.tools_common import add_cfg_options
     parser = argparse.ArgumentParser(description='Confusion matrix from saved test predictions')
     parser.add_argument('config', help='the mmdet or mmseg config the predictions were made with')
     parser.add_argument('prediction_path',
@@ -72,7 +72,7 @@ def detection_matrix(script, cfg, path, args):
     """mmdet's counts for the predictions in the .pkl at ``path``."""
     from mmengine.fileio import load
 
-    from mmplugin_inline.utils.tool_setup import fail
+    from mmplugin_inline.tools_common import fail
     if not osp.isfile(path) or not path.endswith(('.pkl', '.pickle')):
         fail(f'Predictions not found: {path}. For mmdet configs give the .pkl that '
              'tools/test.py CONFIG CHECKPOINT --out preds.pkl writes.')
@@ -92,7 +92,7 @@ def segmentation_matrix(cfg, path):
     """Counts of (ground truth, predicted) pixel labels over the test set."""
     from PIL import Image
 
-    from mmplugin_inline.utils.tool_setup import fail
+    from mmplugin_inline.tools_common import fail
     if not osp.isdir(path):
         fail(f'Predictions not found: {path}. For mmseg configs give the folder of label maps '
              'that tools/test.py CONFIG CHECKPOINT --out DIR writes.')
@@ -125,15 +125,15 @@ def segmentation_matrix(cfg, path):
 
 def main(argv=None):
     assert_environment()
-    from mmplugin_inline.utils import tool_setup
+    from mmplugin_inline import tools_common
     args = parse_args(argv)
-    cfg, codebase = tool_setup.load_tool_config(args.config, args.cfg_options)
-    script = tool_setup.codebase_script(codebase, 'analysis_tools/confusion_matrix.py')
+    cfg, codebase = tools_common.load_tool_config(args.config, args.cfg_options)
+    script = tools_common.codebase_script(codebase, 'analysis_tools/confusion_matrix.py')
     if codebase == 'mmdet':
         matrix, labels = detection_matrix(script, cfg, args.prediction_path, args)
     else:
         matrix, labels = segmentation_matrix(cfg, args.prediction_path)
-    show = tool_setup.can_show(args.show, f'the figure is written to {args.save_dir}')
+    show = tools_common.can_show(args.show, f'the figure is written to {args.save_dir}')
     os.makedirs(args.save_dir, exist_ok=True)
     with np.errstate(invalid='ignore', divide='ignore'):  # a class without ground truth: nan
         script.plot_confusion_matrix(

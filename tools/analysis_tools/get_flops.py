@@ -58,7 +58,7 @@ def get_flops(config, shape: Optional[Sequence[int]] = None, cfg_options: Option
     import torch
 
     from mmplugin_inline.analysis import build_model, count_module, parse_shape, preprocess_dummy
-    from mmplugin_inline.utils.tool_setup import codebase_of, load_config
+    from mmplugin_inline.tools_common import codebase_of, load_config
     cfg = load_config(config, cfg_options)
     codebase = codebase_of(cfg)
     shape = parse_shape(shape, codebase)
@@ -131,7 +131,7 @@ def format_report(result: dict, config_name: str = '') -> str:
 
 
 def parse_args(argv=None):
-    from mmplugin_inline.utils.tool_setup import add_model_options
+    from mmplugin_inline.tools_common import add_model_options
     parser = argparse.ArgumentParser(
         description='Params and FLOPs (MACs) of an mmdet / mmseg model and its backbone')
     parser.add_argument('config', help='config file path')
@@ -146,7 +146,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     assert_environment()
-    from mmplugin_inline.utils.tool_setup import load_tool_config
+    from mmplugin_inline.tools_common import load_tool_config
     args = parse_args(argv)
     cfg, _ = load_tool_config(args.config, args.cfg_options)
     result = get_flops(cfg, args.shape, backbone_only=args.backbone_only, device=args.device)

@@ -271,7 +271,7 @@ def build_export_module(cfg, codebase: str, backbone_only: bool, checkpoint=None
 
 
 def parse_args(argv=None):
-    from mmplugin_inline.utils.tool_setup import add_cfg_options
+    from mmplugin_inline.tools_common import add_cfg_options
     parser = argparse.ArgumentParser(
         description='Export an InLine backbone or an mmseg segmentor (tensor mode) to ONNX '
                     'with dynamic batch, height and width')
@@ -301,7 +301,7 @@ def parse_args(argv=None):
 def main(argv=None):
     from mmplugin_inline.analysis import parse_shape
     from mmplugin_inline.utils.env_check import assert_environment
-    from mmplugin_inline.utils.tool_setup import fail, load_tool_config
+    from mmplugin_inline.tools_common import fail, load_tool_config
     assert_environment()
     args = parse_args(argv)
     try:

@@ -45,7 +45,7 @@ def _contiguous_images(visualizers):
 
 
 def parse_args(argv=None):
-    from mmplugin_inline.utils.tool_setup import add_cfg_options
+    from mmplugin_inline.tools_common import add_cfg_options
     parser = argparse.ArgumentParser(description='Draw the ground truth of the training set')
     parser.add_argument('config', help='mmdet or mmseg config file')
     parser.add_argument('--output-dir', default=None,
@@ -59,17 +59,17 @@ def parse_args(argv=None):
 
 def main(argv=None):
     assert_environment()
-    from mmplugin_inline.utils import tool_setup
+    from mmplugin_inline import tools_common
     args = parse_args(argv)
-    _, codebase = tool_setup.load_tool_config(args.config, args.cfg_options)
+    _, codebase = tools_common.load_tool_config(args.config, args.cfg_options)
     out_dir = args.output_dir and osp.abspath(args.output_dir)
-    show = tool_setup.can_show(not args.not_show,
+    show = tools_common.can_show(not args.not_show,
                                f'the pictures are written to {out_dir}' if out_dir else
                                'nothing to do without --output-dir')
     if not show and not out_dir:
-        tool_setup.fail('Nothing to do: no window (no display or --not-show) and no '
+        tools_common.fail('Nothing to do: no window (no display or --not-show) and no '
                         '--output-dir. Give --output-dir DIR to write the pictures.')
-    script = tool_setup.codebase_script(codebase, 'analysis_tools/browse_dataset.py')
+    script = tools_common.codebase_script(codebase, 'analysis_tools/browse_dataset.py')
     script.VISUALIZERS = _contiguous_images(script.VISUALIZERS)
     script.parse_args = lambda: SimpleNamespace(
         config=args.config, output_dir=out_dir, not_show=not show,

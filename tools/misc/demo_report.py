@@ -147,7 +147,7 @@ def main(argv=None):
     parser.add_argument('--out-dir', required=True)
     parser.add_argument('--num-images', type=int, default=8)
     parser.add_argument('--score-thr', type=float, default=0.5)
-    from mmplugin_inline.utils.tool_setup import add_cfg_options, load_tool_config
+    from mmplugin_inline.tools_common import add_cfg_options, load_tool_config
     add_cfg_options(parser)
     args = parser.parse_args(argv)
 

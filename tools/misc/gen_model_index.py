@@ -98,7 +98,7 @@ def measure_backbone(cls, arch: str, flops: bool) -> dict:
 
 
 def load_cfg(config: str):
-    from mmplugin_inline.utils.tool_setup import codebase_of, load_config
+    from mmplugin_inline.tools_common import codebase_of, load_config
     cfg = load_config(osp.join(REPO, config))
     return cfg, codebase_of(cfg)
 

@@ -37,7 +37,7 @@ def _ignore_mmdet_datasets(cfg, logger=None):
 
 
 def parse_args(argv=None):
-    from mmplugin_inline.utils.tool_setup import add_cfg_options
+    from mmplugin_inline.tools_common import add_cfg_options
     parser = argparse.ArgumentParser(description='Print the whole config')
     parser.add_argument('config', help='mmdet or mmseg config file')
     parser.add_argument('--save-path', default=None,
@@ -48,13 +48,13 @@ def parse_args(argv=None):
 
 def main(argv=None):
     assert_environment()
-    from mmplugin_inline.utils import tool_setup
+    from mmplugin_inline import tools_common
     args = parse_args(argv)
-    cfg, codebase = tool_setup.load_tool_config(args.config, args.cfg_options)
+    cfg, codebase = tools_common.load_tool_config(args.config, args.cfg_options)
     save_path = args.save_path and osp.abspath(args.save_path)
     if save_path and osp.splitext(save_path)[1] not in SUFFIXES:
-        tool_setup.fail(f'--save-path must end with {", ".join(SUFFIXES)}, got {args.save_path}')
-    script = tool_setup.codebase_script(codebase, 'misc/print_config.py')
+        tools_common.fail(f'--save-path must end with {", ".join(SUFFIXES)}, got {args.save_path}')
+    script = tools_common.codebase_script(codebase, 'misc/print_config.py')
     theirs = SimpleNamespace(config=osp.abspath(args.config), cfg_options=args.cfg_options,
                              save_path=save_path, graph=False, options=None)
     script.parse_args = lambda: theirs
