@@ -14,7 +14,7 @@ ImageNet-1k backbone of the authors, whose ``Weights`` is the backbone's URL.
 Numbers are measured, never typed in: parameters by building the model with random
 weights (the whole detector / segmentor; mmseg's training-only auxiliary head left out
 as ``get_flops.py`` does), FLOPs (multiply-accumulates) with
-``tools/analysis_tools/get_flops.py``'s ``get_flops`` at the input shape written beside
+``mmplugin_inline.analysis.flops.get_flops`` (``tools/analysis_tools/get_flops.py``) at the input shape written beside
 them (``torch.manual_seed(0)`` before each build, so the proposals a two-stage
 detector's RPN keeps with random weights, and hence its FLOPs, repeat). No ``Results``
 are written: no run of these configs on COCO / ADE20K / Cityscapes exists yet.
@@ -127,7 +127,7 @@ def measure_config(config: str, flops: bool) -> dict:
                backbone_params=sum(p.numel() for p in model.backbone.parameters()),
                shape=input_shape(cfg, codebase))
     if flops:
-        get_flops = _get_flops_tool().get_flops
+        from mmplugin_inline.analysis.flops import get_flops
         torch.manual_seed(0)
         result = get_flops(cfg, out['shape'], model=model)
         rows = {name: (params, count) for name, params, count in result['rows']}
@@ -136,15 +136,6 @@ def measure_config(config: str, flops: bool) -> dict:
         if result['unknown_ops']:
             raise RuntimeError(f'{config}: ops with no FLOP handler: {result["unknown_ops"]}')
     return out
-
-
-def _get_flops_tool():
-    import importlib.util
-    path = osp.join(REPO, 'tools/analysis_tools/get_flops.py')
-    spec = importlib.util.spec_from_file_location('get_flops', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def config_metadata(config: str, cfg, codebase: str, fams: dict) -> dict:
