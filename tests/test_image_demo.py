@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.runs import SEG_CONFIG, load_script
+from mmplugin_inline.cli import image_demo
+
+from helpers.runs import SEG_CONFIG
 from helpers.tiny_models import REPO, SHAPES, seg_run_config
 from helpers.tool_configs import tiny_mask_rcnn, tiny_sem_fpn
 
-image_demo = load_script('demo/image_demo.py')
 
 
 @pytest.fixture

@@ -12,13 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.runs import DET_CONFIG, PYTHON, SEG_CONFIG, load_script, ok, run_tool, tool_failure
+from mmplugin_inline.analysis.scalars import scalars_files
+from mmplugin_inline.cli import analyze_logs, browse_dataset, confusion_matrix, print_config
+
+from helpers.runs import DET_CONFIG, PYTHON, SEG_CONFIG, ok, run_tool, tool_failure
 from helpers.tiny_models import REPO, SHAPES, det_run_config, seg_run_config
 
-print_config = load_script('tools/misc/print_config.py')
-browse_dataset = load_script('tools/misc/browse_dataset.py')
-analyze_logs = load_script('tools/analysis_tools/analyze_logs.py')
-confusion_matrix = load_script('tools/analysis_tools/confusion_matrix.py')
 
 
 @pytest.fixture
@@ -271,7 +270,7 @@ def test_train_log_curves_and_confusion_matrix_of_a_test_run(run_configs, shapes
                            '--out', preds])
     ok(rc, out)
 
-    [log] = glob.glob(osp.join(work, '*', 'vis_data', 'scalars.json'))
+    [log] = scalars_files(work)
     curves = str(tmp_path / 'curves.png')
     log_dicts = analyze_logs.main(['plot_curve', log, '--keys', 'loss', 'coco/bbox_mAP',
                                    '--out', curves])
