@@ -24,11 +24,10 @@ from mmplugin_inline.analysis import build_model, count_module
 from mmplugin_inline.analysis import flops as flop_count
 from mmplugin_inline.registry import MODELS, registered_families
 from mmplugin_inline.tools_common import load_config
+from scripts import gen_model_index as gen
 
-from helpers.runs import load_script
 from helpers.tiny_models import REPO, config_files
 
-gen = load_script('tools/misc/gen_model_index.py')
 
 # parameters are rebuilt for these (a detector or segmentor per family, the short name,
 # a demo); FLOPS_CONFIG's are checked with its FLOPs
@@ -78,7 +77,7 @@ def test_every_config_is_listed_exactly_once(index):
     listed = [m['Config'] for _, m in index.values() if 'Config' in m]
     assert len(listed) == len(set(listed)), 'a config is listed twice'
     assert sorted(listed) == config_files(), (
-        'configs and model index differ: run python tools/misc/gen_model_index.py '
+        'configs and model index differ: run python scripts/gen_model_index.py '
         '(--flops-only NAME ... to count FLOPs for some configs only)')
 
 
