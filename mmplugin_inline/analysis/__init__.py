@@ -1,7 +1,9 @@
-"""Analysis helpers behind ``tools/analysis_tools`` and ``demo``: complexity counts
-with attention handlers, timing / memory measurement (one interleaved timing helper),
-config / model / dummy-input plumbing for any mmdet or mmseg config (read by
-``mmplugin_inline.tools_common``), and the whole-model race (``model_race``).
+"""Analysis behind ``tools/analysis_tools`` and ``demo``: complexity counts with attention
+handlers (``complexity``, ``flops``), timing / memory measurement (``measure``: the one
+interleaved timing loop, size parser and skip rule; ``loglog``: the plots), the model
+and dummy batch of any mmdet or mmseg config (``model_and_batch``), the benchmarks
+(``model_benchmark``, ``backbone_benchmark``, ``attention_benchmark``, the whole-model
+race ``model_race``) and the reader of a run's ``scalars.json`` (``scalars``).
 Imports mmengine (and mmdet / mmseg lazily), unlike ``core``.
 """
 from .model_and_batch import (DEFAULT_SHAPES, build_model, dummy_data_batch, dummy_train_batch,
