@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 .PHONY: setup demo demo-seg test test-fast docs env gpu-check clean
 
 setup:
-	bash tools/setup_env.sh
+	bash scripts/setup_env.sh
 
 env: setup
 	$(PY) -m mmplugin_inline.utils.env_check
@@ -32,7 +32,7 @@ docs: setup
 # says so and exits 0 without a GPU. Not part of `make test`; no set-up step (a GPU machine
 # may have its own CUDA mmcv): use `make gpu-check PY=python` for another environment.
 gpu-check:
-	$(PY) tools/misc/gpu_check.py --out-dir work_dirs/gpu_check
+	$(PY) scripts/gpu_check.py --out-dir work_dirs/gpu_check
 
 clean:
 	rm -rf .venv build *.egg-info .pytest_cache docs/_build docs/_generated

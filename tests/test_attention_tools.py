@@ -6,10 +6,9 @@ import sys
 
 import pytest
 
-from helpers.runs import load_script
-
-benchmark_attention = load_script('tools/analysis_tools/benchmark_attention.py')
-injectivity = load_script('tools/analysis_tools/injectivity.py')
+from mmplugin_inline.analysis import attention_benchmark
+from mmplugin_inline.cli import benchmark_attention as benchmark_attention_tool
+from mmplugin_inline.cli import injectivity
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -20,14 +19,14 @@ def _is_png(path):
 
 @pytest.mark.slow
 def test_benchmark_writes_json_plot_and_ratio_table(tmp_path, capsys):
-    results = benchmark_attention.main(['--quick', '--out-dir', str(tmp_path)])
+    results = benchmark_attention_tool.main(['--quick', '--out-dir', str(tmp_path)])
     data = json.load(open(tmp_path / 'benchmark_attention.json'))
     assert [r['n'] for r in data['results']] == [256, 1024]
     assert data['meta']['allocator'] in ('keep (mallopt)', 'default')
     assert isinstance(data['meta']['huge_pages'], bool)
     for row in data['results']:
         for mode in ('forward', 'forward+backward'):
-            assert set(row[mode]) == set(benchmark_attention.IMPLS)
+            assert set(row[mode]) == set(attention_benchmark.IMPLS)
             assert all(v['time_ms'] > 0 and v['page_faults'] >= 0 for v in row[mode].values())
         assert row['forward+backward']['softmax (naive)']['peak_mb'] > \
             row['forward+backward']['inline (ours)']['peak_mb']
@@ -37,10 +36,10 @@ def test_benchmark_writes_json_plot_and_ratio_table(tmp_path, capsys):
     # 32x32 has 4x the tokens of 16x16: that pair is timed again, sizes alternating
     [lin] = data['linearity']
     assert (lin['small'], lin['large']) == ('16x16', '32x32')
-    assert set(lin['forward']) == set(lin['forward+backward']) == set(benchmark_attention.IMPLS)
+    assert set(lin['forward']) == set(lin['forward+backward']) == set(attention_benchmark.IMPLS)
     assert all(r > 0 for r in lin['forward'].values())
     rows = [line for line in out.splitlines() if line.startswith('| 32x32 / 16x16 |')]
-    assert len(rows) == len(benchmark_attention.IMPLS)
+    assert len(rows) == len(attention_benchmark.IMPLS)
     assert all(float(r.split('|')[5]) > 0 for r in rows)
     assert len(results) == 2
 
@@ -105,15 +104,15 @@ def test_huge_pages_are_detected_when_torch_is_told_to_use_them():
 
 
 def test_linearity_pairs_are_maps_with_four_times_the_tokens():
-    pairs = benchmark_attention.linearity_pairs(['56x56', '128x128', '200x336', '256x256',
+    pairs = attention_benchmark.linearity_pairs(['56x56', '128x128', '200x336', '256x256',
                                                  '112x112', '64x256'])
     assert pairs == [('56x56', '112x112'), ('128x128', '256x256'), ('64x256', '256x256')]
 
 
 def test_quadratic_implementations_are_skipped_beyond_their_limits():
-    assert not benchmark_attention.fits('softmax (naive)', 200 * 336, 2, 1, 4.0, 10 ** 9)
-    assert not benchmark_attention.fits('softmax (SDPA)', 200 * 336, 2, 1, 4.0, 128 * 128)
-    assert benchmark_attention.fits('inline (ours)', 256 * 256, 4, 1, 4.0, 1)
+    assert not attention_benchmark.fits('softmax (naive)', 200 * 336, 2, 1, 4.0, 10 ** 9)
+    assert not attention_benchmark.fits('softmax (SDPA)', 200 * 336, 2, 1, 4.0, 128 * 128)
+    assert attention_benchmark.fits('inline (ours)', 256 * 256, 4, 1, 4.0, 1)
 
 
 def test_injectivity_linear_collapses_different_queries_inline_does_not(tmp_path):

@@ -13,7 +13,7 @@ from mmplugin_inline.registry import MODELS, registered_families
 from mmplugin_inline.engine.preflight import json_top_level_value
 
 from helpers.fidelity import load_fixture
-from helpers.runs import DET_CONFIG, load_script, tool_failure
+from helpers.runs import DET_CONFIG, tool_failure
 from helpers.tiny_models import TINY_BACKBONES, det_run_config
 
 FAMILIES = sorted(registered_families())
@@ -273,7 +273,8 @@ def _list(model, dotted):
 def _train_failure(config, capsys, monkeypatch, cwd):
     monkeypatch.setenv('LOCAL_RANK', '0')
     monkeypatch.chdir(cwd)
-    return tool_failure(load_script('tools/train.py').main, [str(config)], capsys)
+    from mmplugin_inline.cli import train
+    return tool_failure(train.main, [str(config)], capsys)
 
 
 def test_a_coco_json_naming_a_missing_image_is_reported_by_train(shapes, tmp_path, capsys,

@@ -1,18 +1,18 @@
-"""tools/analysis_tools/benchmark_backbones.py on tiny cases: the race's outputs (JSON,
+"""The backbone race (mmplugin_inline.analysis.backbone_benchmark, run by
+tools/analysis_tools/benchmark_backbones.py) on tiny cases: the race's outputs (JSON,
 table, plots), the with_cp rows, the skip rule and the Swin window sweep's windows."""
 import json
 
 import pytest
 import torch
 
-from helpers.runs import load_script
-
-bench = load_script('tools/analysis_tools/benchmark_backbones.py')
+from mmplugin_inline.analysis import backbone_benchmark as bench
+from mmplugin_inline.cli import benchmark_backbones as bench_tool
 
 
 @pytest.mark.slow
 def test_a_quick_run_writes_the_table_json_and_plots(tmp_path):
-    out = bench.main(['--families', 'pvt', '--sizes', '32x32', '48x64', '--modes', 'infer',
+    out = bench_tool.main(['--families', 'pvt', '--sizes', '32x32', '48x64', '--modes', 'infer',
                       'train', '--with-cp', 'none', 'mlp', '--repeats', '1',
                       '--gemm-size', '128', '--max-call-s', '1e6',
                       '--out-dir', str(tmp_path)])
@@ -70,7 +70,7 @@ def test_reference_paths_race_beside_the_fast_paths(tmp_path, monkeypatch):
         seen.append(core.fast_paths_enabled())
         return real(*args)
     monkeypatch.setattr('mmplugin_inline.models.layers.attention.local_residual', spy)
-    out = bench.main(['--families', 'swin', '--sizes', '32x32', '--modes', 'infer',
+    out = bench_tool.main(['--families', 'swin', '--sizes', '32x32', '--modes', 'infer',
                       '--repeats', '1', '--gemm-size', '64', '--max-call-s', '1e6',
                       '--no-memory', '--no-flops', '--no-plots', '--reference-paths',
                       '--out-dir', str(tmp_path)])

@@ -11,7 +11,10 @@ import pytest
 import torch
 
 from mmplugin_inline.analysis import model_race as race
-from mmplugin_inline.analysis.codebase import dummy_train_batch
+from mmplugin_inline.analysis import model_race_pairs as pairs
+from mmplugin_inline.analysis import model_race_report as race_report
+from mmplugin_inline.cli import benchmark_models as race_tool
+from mmplugin_inline.analysis.model_and_batch import dummy_train_batch
 from mmplugin_inline.analysis.measure import extrapolate, interleaved_times
 
 from helpers.runs import run_tool
@@ -69,7 +72,7 @@ def test_extrapolate_on_log_log_axes():
 
 def parse(argv):
     parser = argparse.ArgumentParser()
-    race.add_race_options(parser)
+    race_tool.add_race_options(parser)
     return parser.parse_args(argv)
 
 
@@ -79,11 +82,11 @@ def test_options_defaults_sizes_and_checks(capsys):
     assert args.sizes == [(512, 512), (1024, 1024), (1024, 2048)]
     assert (args.train_size, args.train_batch, args.repeats, args.warmup) == ((512, 512), 2, 2, 1)
     assert (args.slide_crop, args.slide_stride) == ((1024, 1024), (768, 768))
-    assert race.check_race_args(args) is None
+    assert race_tool.check_race_args(args) is None
     args = parse(['--pairs', 'fpn-pvt', '--sizes', '64', '48x96', '--repeats', '0'])
     assert args.pairs == ['fpn-pvt'] and args.sizes == [(64, 64), (48, 96)]
-    assert '--repeats' in race.check_race_args(args)
-    assert '--detections' in race.check_race_args(parse(['--detections', '0']))
+    assert '--repeats' in race_tool.check_race_args(args)
+    assert '--detections' in race_tool.check_race_args(parse(['--detections', '0']))
     for bad in (['--sizes', '12y'], ['--sizes', '0x5'], ['--pairs', 'deit']):
         with pytest.raises(SystemExit):
             parse(bad)
@@ -122,7 +125,7 @@ def test_predicted_times_from_the_whole_inference_calls():
     assert race.predicted_seconds(whole, {}, crop, stride) is None
     # a case predicted over the cap is skipped without building a call
     args = parse(['--max-call-s', '5'])
-    row = race.race_case(race.PAIRS['fpn-pvt'], models=None, codebase='mmseg', case=whole,
+    row = race.race_case(pairs.PAIRS['fpn-pvt'], models=None, codebase='mmseg', case=whole,
                          num_classes=150, args=args, measured=measured)
     assert row['ours_s'] is None and row['note'].startswith('skipped: predicted 8 s')
 
@@ -142,7 +145,7 @@ def test_tables_from_made_up_rows():
                      note='skipped: predicted 700 s a call > --max-call-s')]
     env = dict(device='cpu', threads=2, torch='x', repeats=2, warmup=1, train_batch=2,
                load_start='1.0', load_end='1.0', detections=100)
-    table = race.markdown(rows, env)
+    table = race_report.markdown(rows, env)
     assert '| Semantic FPN InLine-PVT-T vs Semantic FPN PVT-T | infer | 1024x2048 | whole | ' \
            '2.000 | 5.000 | 2.50x | 100 / 200 |  |' in table
     assert '| train | 512x512 | train | - | - | - | 100 / 200 | skipped: predicted 700 s' in table
@@ -151,16 +154,16 @@ def test_tables_from_made_up_rows():
     assert 'Training step: batch 2' in table and 'keep 100 detections' in table
 
 
-@pytest.mark.parametrize('key', sorted(race.PAIRS))
+@pytest.mark.parametrize('key', sorted(pairs.PAIRS))
 def test_pair_configs_swap_only_the_backbone_and_read_no_weights(key):
-    pair = race.PAIRS[key]
-    ours, peer = race.pair_configs(pair)
+    pair = pairs.PAIRS[key]
+    ours, peer = pairs.pair_configs(pair)
     assert ours.model.backbone.type.startswith('InLine') and ours.model.backbone.init_cfg is None
     assert peer.model.backbone.type == pair.peer_backbone['type']
     assert peer.model.backbone.init_cfg is None and ours.model.get('pretrained') is None
     rest = {k: v for k, v in ours.model.items() if k != 'backbone'}
     assert rest == {k: v for k, v in peer.model.items() if k != 'backbone'}
-    assert race.backbone_channels(peer.model) == pair.channels
+    assert pairs.backbone_channels(peer.model) == pair.channels
 
 
 @pytest.mark.parametrize('key', ['upernet-swin', 'fpn-pvt'])
@@ -170,7 +173,7 @@ def test_peer_backbones_give_the_channels_the_heads_take(key):
     from mmengine.registry import init_default_scope
     from mmseg.registry import MODELS
     init_default_scope('mmseg')
-    pair = race.PAIRS[key]
+    pair = pairs.PAIRS[key]
     backbone = MODELS.build(dict(pair.peer_backbone, init_cfg=None))
     backbone.eval()  # mmseg's Swin's train() returns None
     with torch.no_grad():
@@ -194,8 +197,8 @@ def test_synthetic_training_batches_carry_ground_truth():
 def tiny_pair(key):
     """The pair's configs with our backbone shrunk (tests/helpers) and a peer backbone of
     the same tiny widths (16-32-64-128)."""
-    pair = race.PAIRS[key]
-    ours, peer = race.pair_configs(pair)
+    pair = pairs.PAIRS[key]
+    ours, peer = pairs.pair_configs(pair)
     model = ours.model.to_dict()
     shrink_model(model)
     ours.model = model

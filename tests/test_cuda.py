@@ -1,6 +1,6 @@
 """The GPU path, ready for a GPU: tests marked ``cuda`` skip without a CUDA device.
 
-``make gpu-check`` (``tools/misc/gpu_check.py``) runs them with ``pytest -m cuda`` and
+``make gpu-check`` (``scripts/gpu_check.py``) runs them with ``pytest -m cuda`` and
 writes one JSON report; its behaviour without a GPU is tested here on the CPU.
 
 - the kernel against the explicit N x N definition (fp64, same rounded inputs) on the
@@ -26,14 +26,15 @@ import torch
 from mmplugin_inline.core import FEATURE_MAPS, inline_attention, inline_attention_reference
 from mmplugin_inline.registry import registered_families
 
-from helpers.runs import PYTHON, load_script, ok, run_tool
+from scripts import gpu_check
+
+from helpers.runs import PYTHON, ok, run_tool
 from helpers.tiny_models import REPO
 from test_amp import UNIT_ROUNDOFF, fp32_without_tf32, rounding_count, tiny_backbone
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason='needs a CUDA device')
 FAMILIES = sorted(registered_families())
-gpu_check = load_script('tools/misc/gpu_check.py')
 
 
 # -- the kernel on the GPU ----------------------------------------------------------------
@@ -135,7 +136,8 @@ def test_backbone_benchmark_on_cuda(tmp_path):
 
 def test_the_gpu_benchmark_case_uses_options_the_benchmark_accepts():
     """Runs on CPU: the case make gpu-check runs parses with the tool's own parser."""
-    tool = load_script(gpu_check.BENCHMARK)
+    from mmplugin_inline.cli import benchmark_backbones as tool
+    assert gpu_check.BENCHMARK == 'tools/analysis_tools/benchmark_backbones.py'
     args = tool.parse_args(shlex.split(gpu_check.BENCHMARK_ARGS))
     assert args.device == 'cuda' and args.families == ['pvt']
 
@@ -188,7 +190,7 @@ def test_gpu_check_report_with_a_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_check, 'device_info', lambda: dict(
         torch=torch.__version__, torch_cuda='12.4', cuda_available=True, device='Fake GPU',
         capability='9.0', cudnn=90100))
-    monkeypatch.setattr(gpu_check, 'BENCHMARK', 'tools/misc/gpu_check.py')  # exists
+    monkeypatch.setattr(gpu_check, 'BENCHMARK', 'scripts/gpu_check.py')  # exists
     assert gpu_check.main(['--out-dir', str(tmp_path / 'out')]) == 1
     with open(tmp_path / 'out' / 'gpu_check.json') as f:
         report = json.load(f)

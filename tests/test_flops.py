@@ -1,4 +1,5 @@
-"""FLOP counting (tools/analysis_tools/get_flops.py) against hand counts.
+"""FLOP counting (mmplugin_inline.analysis.flops; tools/analysis_tools/get_flops.py) against
+hand counts.
 
 Convention, as in mmengine / fvcore and the papers' tables: one fused multiply-add
 is one FLOP, i.e. every number here is a count of multiply-accumulates (MACs).
@@ -22,13 +23,13 @@ from mmengine.analysis import FlopAnalyzer
 
 import mmplugin_inline  # noqa: F401  (registers the models)
 from mmplugin_inline.analysis import count_module
+from mmplugin_inline.analysis import flops as flop_count
+from mmplugin_inline.cli import get_flops as get_flops_tool
 from mmplugin_inline.models.backbones import InLinePVT
 from mmplugin_inline.models.layers import GlobalAttention, WindowAttention
 
 from helpers.tool_configs import mask_rcnn_inline_pvt_t, tiny_sem_fpn
-from helpers.runs import load_script
 
-get_flops = load_script('tools/analysis_tools/get_flops.py')
 
 PVT_T = InLinePVT.arch_settings['t']
 
@@ -172,7 +173,7 @@ def test_baddbmm_and_autograd_function_handlers():
 
 # ---------------------------------------------------------------- backbones and the tool
 def test_inline_pvt_t_backbone_at_1333x800_matches_hand_count(tmp_path):
-    result = get_flops.get_flops(mask_rcnn_inline_pvt_t(tmp_path), (800, 1333),
+    result = flop_count.get_flops(mask_rcnn_inline_pvt_t(tmp_path), (800, 1333),
                                  backbone_only=True)
     # mmdet's data preprocessor pads to a multiple of 32: the backbone sees 800 x 1344
     assert result['input_shape'] == (3, 800, 1344)
@@ -185,7 +186,7 @@ def test_inline_pvt_t_backbone_at_1333x800_matches_hand_count(tmp_path):
             assert analyzer.total(f'block{i + 1}.{j}.attn') == inline_attention_macs(n, c, heads)
     assert flops == pvt_backbone_macs(PVT_T, 'IIII', (800, 1344))
     assert name == 'backbone' and 11.0e6 < params < 12.0e6
-    report = get_flops.format_report(result)
+    report = flop_count.format_report(result)
     assert '800 x 1333' in report and '3 x 800 x 1344' in report
     assert f'{flops / 1e9:.2f}' in report and 'multiply-accumulates' in report
 
@@ -202,7 +203,7 @@ def test_pvt_softmax_sra_blocks_match_hand_count():
 
 def test_whole_mask_rcnn_rows_and_backbone_figure(tmp_path, capsys):
     config = mask_rcnn_inline_pvt_t(tmp_path)
-    result = get_flops.get_flops(config, (800, 1333))
+    result = flop_count.get_flops(config, (800, 1333))
     rows = {name: (params, flops) for name, params, flops in result['rows']}
     assert list(rows) == ['model', 'backbone', 'neck', 'rpn_head', 'roi_head']
     assert rows['backbone'][1] == pvt_backbone_macs(PVT_T, 'IIII', (800, 1344))
@@ -210,13 +211,13 @@ def test_whole_mask_rcnn_rows_and_backbone_figure(tmp_path, capsys):
     assert rows['model'][0] == sum(p for name, (p, _) in rows.items() if name != 'model')
     assert result['unknown_ops'] == {}   # NMS / RoIAlign are uncounted by convention
     assert set(result['uncounted_ops']) >= {'prim::PythonOp.RoIAlignFunction'}
-    get_flops.main([config, '--shape', '64', '96', '--backbone-only', '--breakdown', '1'])
+    get_flops_tool.main([config, '--shape', '64', '96', '--backbone-only', '--breakdown', '1'])
     out = capsys.readouterr().out
     assert '| backbone' in out and 'block1' in out and '3 x 64 x 96' in out
 
 
 def test_segmentor_rows_and_no_unknown_ops(tmp_path):
-    result = get_flops.get_flops(tiny_sem_fpn(tmp_path), (97, 131))
+    result = flop_count.get_flops(tiny_sem_fpn(tmp_path), (97, 131))
     assert [row[0] for row in result['rows']] == ['model', 'backbone', 'neck', 'decode_head']
     assert result['input_shape'] == (3, 97, 131)     # mmseg does not pad at test time
     assert result['unknown_ops'] == {}

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.runs import SEG_CONFIG, load_script
+from mmplugin_inline.cli import image_demo
+
+from helpers.runs import SEG_CONFIG
 from helpers.tiny_models import REPO, SHAPES, seg_run_config
 from helpers.tool_configs import tiny_mask_rcnn, tiny_sem_fpn
 
-image_demo = load_script('demo/image_demo.py')
 
 
 @pytest.fixture
@@ -47,7 +48,7 @@ def test_detection_picture_with_random_weights(tmp_path, image, capsys):
 def test_segmentation_overlay_uses_the_given_weights(tmp_path, image, capsys):
     config = tiny_sem_fpn(tmp_path)
     from mmplugin_inline.analysis import build_model
-    from mmplugin_inline.utils.tool_setup import load_config
+    from mmplugin_inline.tools_common import load_config
     model = build_model(load_config(config))
     # weights that make every pixel class 7: the prediction must come from this file
     torch.nn.init.zeros_(model.decode_head.conv_seg.weight)

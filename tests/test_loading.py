@@ -515,8 +515,7 @@ def test_a_published_file_is_checked_against_the_hash_in_its_name(tmp_path):
 
 
 def test_the_converter_checks_a_published_name_unless_told_not_to(tmp_path, capsys):
-    from helpers.runs import load_script
-    converter = load_script('tools/model_converters/inline2mm.py')
+    from mmplugin_inline.cli import inline2mm as converter
     path = tmp_path / 'inline_deit_mini-0badc0de.pth'  # not its hash
     torch.save(load_fixture('deit')['checkpoint'], path)
     assert converter.main([str(path), str(tmp_path / 'out.pth')]) == 1

@@ -20,6 +20,9 @@ import yaml
 from helpers.runs import PYTHON, DET_CONFIG, checkpoint_meta, free_port, ok, run_tool
 from helpers.tiny_models import REPO, det_run_config
 
+#: developer scripts (scripts/ in the repository), which the wheel's .mim/tools must not hold
+DEVELOPER_SCRIPTS = ('setup_env.sh', 'gpu_check.py', 'gen_model_index.py', 'misc/gpu_check.py',
+                     'misc/gen_model_index.py')
 # what a wheel is built from (setup.cfg reads README.md; MANIFEST.in lists the rest)
 SOURCES = ('setup.py', 'setup.cfg', 'pyproject.toml', 'README.md', 'MANIFEST.in', 'requirements',
            'mmplugin_inline', 'configs', 'tools', 'demo', 'model-index.yml')
@@ -58,6 +61,8 @@ def test_the_wheel_carries_configs_tools_and_the_model_index(site):
                 'configs/inline_pvt/metafile.yml', 'configs/mask_rcnn_inline_pvt.py'):
         assert osp.isfile(osp.join(mim_dir, rel)), rel
         assert not osp.islink(osp.join(mim_dir, rel))  # copies, not links into a source tree
+    for rel in DEVELOPER_SCRIPTS:  # what users run, not the developer scripts
+        assert not osp.exists(osp.join(mim_dir, 'tools', rel)), rel
     with open(osp.join(REPO, 'model-index.yml')) as f:
         for metafile in yaml.safe_load(f)['Import']:
             assert osp.isfile(osp.join(mim_dir, metafile)), metafile
@@ -105,8 +110,7 @@ def test_mim_train_and_test_run_the_installed_tools(site, shapes, tmp_path):
 
 def test_editable_install_links_the_mim_extension(tmp_path):
     """An editable install (setup.py's build_py in editable mode) links, never copies."""
-    from helpers.runs import load_script
-    setup = load_script('setup.py')
+    import setup  # the repository's setup.py (the repository root is on pytest's path)
     package = tmp_path / 'mmplugin_inline'
     package.mkdir()
     (package / '.mim').mkdir()

@@ -12,13 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from helpers.runs import DET_CONFIG, PYTHON, SEG_CONFIG, load_script, ok, run_tool, tool_failure
+from mmplugin_inline.analysis.scalars import scalars_files
+from mmplugin_inline.cli import analyze_logs, browse_dataset, confusion_matrix, print_config
+
+from helpers.runs import DET_CONFIG, PYTHON, SEG_CONFIG, ok, run_tool, tool_failure
 from helpers.tiny_models import REPO, SHAPES, det_run_config, seg_run_config
 
-print_config = load_script('tools/misc/print_config.py')
-browse_dataset = load_script('tools/misc/browse_dataset.py')
-analyze_logs = load_script('tools/analysis_tools/analyze_logs.py')
-confusion_matrix = load_script('tools/analysis_tools/confusion_matrix.py')
 
 
 @pytest.fixture
@@ -49,7 +48,7 @@ def test_each_tool_names_a_missing_or_foreign_config_and_a_missing_script(tmp_pa
         assert 'Config file not found: missing.py' in err
         err = tool_failure(main, [str(neither)] + rest, capsys)
         assert 'Cannot tell whether the config is for mmdet or mmseg' in err
-    from mmplugin_inline.utils.tool_setup import codebase_script
+    from mmplugin_inline.tools_common import codebase_script
     with pytest.raises(SystemExit):
         codebase_script('mmdet', 'misc/no_such_tool.py')
     err = capsys.readouterr().err
@@ -271,7 +270,7 @@ def test_train_log_curves_and_confusion_matrix_of_a_test_run(run_configs, shapes
                            '--out', preds])
     ok(rc, out)
 
-    [log] = glob.glob(osp.join(work, '*', 'vis_data', 'scalars.json'))
+    [log] = scalars_files(work)
     curves = str(tmp_path / 'curves.png')
     log_dicts = analyze_logs.main(['plot_curve', log, '--keys', 'loss', 'coco/bbox_mAP',
                                    '--out', curves])
@@ -298,7 +297,7 @@ def test_segmentation_confusion_matrix_of_a_test_run_agrees_with_its_metrics(
     """tools/test.py --out DIR (label maps in the dataset's numbering, written by mmseg's
     IoUMetric) read back: the matrix's accuracy is the aAcc the same run reported."""
     from mmplugin_inline.analysis import build_model
-    from mmplugin_inline.utils.tool_setup import load_config
+    from mmplugin_inline.tools_common import load_config
     config = run_configs[1]
     torch.manual_seed(0)
     weights = str(tmp_path / 'random.pth')

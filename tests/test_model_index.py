@@ -4,7 +4,7 @@ Every config is listed once, every path in it exists, the backbones' weights are
 families' released ones, and the recorded numbers are what the tools measure now:
 parameters are rebuilt for a representative subset (one detector or segmentor per
 family, the short name, a demo) and checked for equality across configs that build the
-same model; FLOPs are re-counted with tools/analysis_tools/get_flops.py for
+same model; FLOPs are re-counted with mmplugin_inline.analysis.flops (get_flops.py's) for
 the smallest whole model that has them recorded (Semantic FPN InLine-PVT-T, 512x512)
 and for the smallest backbone of each family. Measured: 3.4 min on the 2 shared cores
 at a load of ~10 (about 80 s of CPU); the all-configs check loads 30 configs.
@@ -21,14 +21,13 @@ from mmengine.analysis import parameter_count
 from modelindex.load_model_index import load
 
 from mmplugin_inline.analysis import build_model, count_module
+from mmplugin_inline.analysis import flops as flop_count
 from mmplugin_inline.registry import MODELS, registered_families
-from mmplugin_inline.utils.tool_setup import load_config
+from mmplugin_inline.tools_common import load_config
+from scripts import gen_model_index as gen
 
-from helpers.runs import load_script
 from helpers.tiny_models import REPO, config_files
 
-gen = load_script('tools/misc/gen_model_index.py')
-get_flops = load_script('tools/analysis_tools/get_flops.py')
 
 # parameters are rebuilt for these (a detector or segmentor per family, the short name,
 # a demo); FLOPS_CONFIG's are checked with its FLOPs
@@ -78,7 +77,7 @@ def test_every_config_is_listed_exactly_once(index):
     listed = [m['Config'] for _, m in index.values() if 'Config' in m]
     assert len(listed) == len(set(listed)), 'a config is listed twice'
     assert sorted(listed) == config_files(), (
-        'configs and model index differ: run python tools/misc/gen_model_index.py '
+        'configs and model index differ: run python scripts/gen_model_index.py '
         '(--flops-only NAME ... to count FLOPs for some configs only)')
 
 
@@ -139,7 +138,7 @@ def test_configs_that_build_the_same_model_record_the_same_parameters(index):
 def test_recorded_flops_are_what_get_flops_counts(index):
     meta = by_config(index)[FLOPS_CONFIG]['Metadata']
     h, w = (int(s) for s in meta['Input Shape'].split('x')[1:])
-    result = get_flops.get_flops(osp.join(REPO, FLOPS_CONFIG), (h, w))
+    result = flop_count.get_flops(osp.join(REPO, FLOPS_CONFIG), (h, w))
     rows = {name: (params, flops) for name, params, flops in result['rows']}
     assert (meta['FLOPs'], meta['Backbone FLOPs']) == (rows['model'][1], rows['backbone'][1])
     assert (meta['Parameters'], meta['Backbone Parameters']) == (rows['model'][0],

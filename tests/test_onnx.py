@@ -1,4 +1,5 @@
-"""ONNX export (tools/deployment/pytorch2onnx.py): onnxruntime against PyTorch eager.
+"""ONNX export (mmplugin_inline.deployment.onnx; tools/deployment/pytorch2onnx.py runs it):
+onnxruntime against PyTorch eager.
 
 Each export keeps batch, height and width dynamic; the ONNX file is then run at sizes
 other than the export size (not multiples of 32, odd) with batch 1 and 2, and compared
@@ -12,16 +13,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mmplugin_inline.deployment import onnx as export
 from mmplugin_inline.models.layers import PatchEmbed
 from mmplugin_inline.registry import MODELS
 
-from helpers.runs import PYTHON, load_script, ok, run_tool
+from helpers.runs import PYTHON, ok, run_tool
 from helpers.tiny_models import REPO
 from helpers.tiny_models import TINY_BACKBONES
 from helpers.tool_configs import tiny_sem_fpn
 
 pytest.importorskip('onnxruntime')
-tool = load_script('tools/deployment/pytorch2onnx.py')
 
 EXPORT_HW = (64, 96)
 # sizes other than the export size; none a multiple of 32, most odd (the tiny-model scale
@@ -30,7 +31,7 @@ VERIFY_HW = [(61, 83), (77, 101)]
 
 
 def _check(rows, tol=1e-4):
-    message = tool.check_rows(rows, tol)
+    message = export.check_rows(rows, tol)
     assert message is None, message
     assert {r['batch'] for r in rows} == {1, 2}
     assert {r['hw'] for r in rows} == set(VERIFY_HW)
@@ -44,11 +45,11 @@ def test_dynamic_groups_conv_is_the_depthwise_conv():
     bias = torch.randn(6, generator=gen)
     # a SymInt-like groups: any non-int takes the decomposition
     groups = torch.tensor(6)
-    got = tool.conv2d_dynamic_groups(x, w, bias, padding=(1, 1), groups=groups)
+    got = export.conv2d_dynamic_groups(x, w, bias, padding=(1, 1), groups=groups)
     torch.testing.assert_close(got, F.conv2d(x, w, bias, padding=1, groups=6))
-    assert tool.conv2d_dynamic_groups(x, w, groups=6) is NotImplemented
+    assert export.conv2d_dynamic_groups(x, w, groups=6) is NotImplemented
     with pytest.raises(NotImplementedError, match='depthwise'):
-        tool.conv2d_dynamic_groups(x, torch.randn(3, 2, 3, 3), groups=groups)
+        export.conv2d_dynamic_groups(x, torch.randn(3, 2, 3, 3), groups=groups)
 
 
 def test_patch_embed_pads_by_the_input_size(tmp_path):
@@ -67,10 +68,10 @@ def test_patch_embed_pads_by_the_input_size(tmp_path):
 
     module = Maps().eval()
     path = str(tmp_path / 'embed.onnx')
-    tool.export_onnx(module, (64, 80), path)
-    rows = tool.verify_onnx(module, path, [(63, 85), (250, 333)])
+    export.export_onnx(module, (64, 80), path)
+    rows = export.verify_onnx(module, path, [(63, 85), (250, 333)])
     assert {r['shape'][2:] for r in rows} == {(16, 22), (63, 84)}
-    assert tool.check_rows(rows, 1e-5) is None, tool.check_rows(rows, 1e-5)
+    assert export.check_rows(rows, 1e-5) is None, export.check_rows(rows, 1e-5)
 
 
 def test_mmseg_upsampling_keeps_the_input_size_in_the_exported_graph():
@@ -93,7 +94,7 @@ def test_mmseg_upsampling_keeps_the_input_size_in_the_exported_graph():
     plain = torch.export.export(head, (example,), dynamic_shapes=dims)
     with pytest.raises(AssertionError, match='Guard failed'):  # fixed to 2 * 6 = 12 rows
         plain.module()(other)
-    with tool.exportable_upsampling(head):
+    with export.exportable_upsampling(head):
         exported = torch.export.export(head, (example,), dynamic_shapes=dims)
     assert 'forward' not in vars(head.up)  # the module's own forward is back
     torch.testing.assert_close(exported.module()(other), head(other), rtol=0, atol=1e-6)
@@ -106,12 +107,12 @@ def test_backbone_export_matches_pytorch(family, tmp_path):
     torch.manual_seed(0)
     model = MODELS.build(dict(type=family, arch=arch, **extra)).eval()
     path = str(tmp_path / f'{family}.onnx')
-    result = tool.export_onnx(model, EXPORT_HW, path)
+    result = export.export_onnx(model, EXPORT_HW, path)
     batch, _, h, w = result['ranges']
     assert batch[0] <= 2 and all(r[0] <= min(hw) for r in (h, w) for hw in VERIFY_HW)
-    rows = tool.verify_onnx(model, path, VERIFY_HW)
+    rows = export.verify_onnx(model, path, VERIFY_HW)
     _check(rows)
-    print(family, tool.format_rows(rows))
+    print(family, export.format_rows(rows))
 
 
 @pytest.mark.slow

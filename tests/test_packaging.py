@@ -2,7 +2,8 @@
 
 OpenMMLab's convention: mmcv is not an install requirement (``requirements/mminstall.txt``
 lists it for ``mim install``), mmdet and mmsegmentation are extras, and the licence and
-citation files agree with the package.
+citation files agree with the package. The wheel's ``.mim/tools`` holds what users run,
+not the developer scripts of ``scripts/``.
 """
 import email
 import glob
@@ -120,3 +121,20 @@ def test_no_package_module_imports_an_extra_at_import_time():
                 if re.match(r'(from|import)\s+(mmdet|mmseg)\b', line):
                     offenders.append(f'{osp.relpath(path, REPO)}: {line.strip()}')
     assert not offenders, offenders
+
+
+def test_the_wheels_tools_are_what_users_run(tmp_path):
+    """setup.py's copy of tools/ into a wheel's ``.mim/`` (what ``build_py`` does for a
+    wheel): the launchers, analysis tools, converters, deployment, the shapes-data maker
+    and demo.sh, and none of the developer scripts."""
+    import setup  # the repository's setup.py (the repository root is on pytest's path)
+    files = setup.copy_mim_extension(str(tmp_path / 'mmplugin_inline'))
+    tools = {osp.relpath(f, str(tmp_path / 'mmplugin_inline' / '.mim' / 'tools'))
+             for f in files if osp.sep + 'tools' + osp.sep in f}
+    assert {'train.py', 'test.py', 'dist_train.sh', 'dist_test.sh', 'slurm_train.sh',
+            'slurm_test.sh', 'demo.sh', 'analysis_tools/get_flops.py',
+            'analysis_tools/benchmark.py', 'model_converters/publish_model.py',
+            'deployment/pytorch2onnx.py', 'misc/make_shapes_dataset.py'} <= tools
+    developer = {osp.basename(f) for f in glob.glob(osp.join(REPO, 'scripts', '*'))}
+    assert {'setup_env.sh', 'gpu_check.py', 'gen_model_index.py'} <= developer
+    assert not {osp.basename(t) for t in tools} & developer, tools

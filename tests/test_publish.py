@@ -15,11 +15,12 @@ from mmengine.registry import DefaultScope
 
 from mmplugin_inline.weights import DamagedCheckpointError, load_run_checkpoint
 from helpers.pickles import RunsCode
-from helpers.runs import DET_CONFIG, PYTHON, SEG_CONFIG, load_script, ok, run_tool
+from mmplugin_inline.cli import publish_model
+
+from helpers.runs import DET_CONFIG, PYTHON, SEG_CONFIG, ok, run_tool
 from helpers.tiny_models import REPO, SHAPES, det_run_config, seg_run_config
 
 TOOL = osp.join(REPO, 'tools/model_converters/publish_model.py')
-publish_model = load_script('tools/model_converters/publish_model.py')
 
 # in a fresh interpreter that imports neither the plugin nor mmengine: torch's own allow-list
 _PLAIN_LOAD = """

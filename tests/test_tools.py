@@ -14,24 +14,16 @@ import torch
 
 from mmplugin_inline.weights import (UnsafeCheckpointError, load_run_checkpoint,
                                      mmengine_checkpoint_loading)
+from mmplugin_inline.analysis.scalars import read_scalars
 from mmplugin_inline.engine.preflight import dataset_problems, format_problems, preflight
-from mmplugin_inline.utils.tool_setup import load_run_config, load_tool_config
+from mmplugin_inline.tools_common import load_run_config, load_tool_config
 
 from helpers.pickles import writes_marker
 from helpers.runs import (DET_CONFIG, PYTHON, SEG_CONFIG, checkpoint_meta,
-                          dist_train_two_processes, load_script, make_shapes, ok, run_tool,
+                          dist_train_two_processes, make_shapes, ok, run_tool,
                           tool_failure)
 from helpers.tiny_models import REPO, SHAPES, det_run_config, seg_run_config
 
-
-
-def _scalars(work_dir):
-    """Every line logged to WORK_DIR/*/vis_data/scalars.json, in order."""
-    lines = []
-    for path in sorted(glob.glob(osp.join(work_dir, '*', 'vis_data', 'scalars.json'))):
-        with open(path) as f:
-            lines += [json.loads(line) for line in f if line.strip()]
-    return lines
 
 
 # --------------------------------------------------------------------------- data set
@@ -263,12 +255,11 @@ def _unscoped_config(directory, model_type=None):
 def test_every_tool_reads_and_attributes_a_config_the_same_way(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv('LOCAL_RANK', '0')  # what train / test export for mmengine
     monkeypatch.chdir(tmp_path)            # no data/ nor checkpoints/ here
-    tools = dict(train=load_script('tools/train.py').main,
-                 test=load_script('tools/test.py').main,
-                 get_flops=load_script('tools/analysis_tools/get_flops.py').main,
-                 benchmark=load_script('tools/analysis_tools/benchmark.py').main,
-                 image_demo=load_script('demo/image_demo.py').main,
-                 demo_report=load_script('tools/misc/demo_report.py').main)
+    from mmplugin_inline.cli import benchmark, demo_report, get_flops, image_demo, train
+    from mmplugin_inline.cli import test as test_tool
+    tools = dict(train=train.main, test=test_tool.main, get_flops=get_flops.main,
+                 benchmark=benchmark.main, image_demo=image_demo.main,
+                 demo_report=demo_report.main)
 
     def argv(tool, config):
         return dict(test=[config, 'nope.pth'], image_demo=['nope.jpg', config, '--out-dir', 'o'],
@@ -322,7 +313,7 @@ def test_mask_rcnn_train_resume_and_test(shapes, tmp_path):
     rc, out, _ = run_tool(train)  # 1 epoch: 4 images, batch 2
     ok(rc, out)
     assert checkpoint_meta(osp.join(work, 'epoch_1.pth'))['iter'] == 2
-    val = [s for s in _scalars(work) if 'coco/bbox_mAP' in s]
+    val = [s for s in read_scalars(work) if 'coco/bbox_mAP' in s]
     assert len(val) == 1 and 'coco/segm_mAP' in val[0]
 
     rc, out, _ = run_tool(train + ['--resume', osp.join(work, 'epoch_1.pth'),
@@ -358,7 +349,7 @@ def test_upernet_train_auto_resume_and_test(shapes, tmp_path):
     rc, out, _ = run_tool(train)  # 2 iterations, validation, checkpoint
     ok(rc, out)
     assert checkpoint_meta(osp.join(work, 'iter_2.pth'))['iter'] == 2
-    assert [s['mIoU'] for s in _scalars(work) if 'mIoU' in s]
+    assert [s['mIoU'] for s in read_scalars(work) if 'mIoU' in s]
 
     # --resume without a path: the latest checkpoint of the work directory
     rc, out, _ = run_tool(train + ['--resume', '--cfg-options', 'train_cfg.max_iters=4',

@@ -1,10 +1,12 @@
-"""Analysis helpers behind ``tools/analysis_tools`` and ``demo``: complexity counts
-with attention handlers, timing / memory measurement (one interleaved timing helper),
-config / model / dummy-input plumbing for any mmdet or mmseg config (read by
-``mmplugin_inline.utils.tool_setup``), and the whole-model race (``model_race``).
+"""Analysis behind ``tools/analysis_tools`` and ``demo``: complexity counts with attention
+handlers (``complexity``, ``flops``), timing / memory measurement (``measure``: the one
+interleaved timing loop, size parser and skip rule; ``loglog``: the plots), the model
+and dummy batch of any mmdet or mmseg config (``model_and_batch``), the benchmarks
+(``model_benchmark``, ``backbone_benchmark``, ``attention_benchmark``, the whole-model
+race ``model_race``) and the reader of a run's ``scalars.json`` (``scalars``).
 Imports mmengine (and mmdet / mmseg lazily), unlike ``core``.
 """
-from .codebase import (DEFAULT_SHAPES, build_model, dummy_data_batch, dummy_train_batch,
+from .model_and_batch import (DEFAULT_SHAPES, build_model, dummy_data_batch, dummy_train_batch,
                        parse_shape, preprocess_dummy)
 from .complexity import (EXTRA_FLOP_HANDLES, UNCOUNTED_ELEMENTWISE_OPS, UNCOUNTED_OPS,
                          UNCOUNTED_SAMPLING_OPS, ZERO_COST_OPS, baddbmm_flop_jit, count_module,

@@ -1,4 +1,10 @@
-"""Timing and peak-memory measurement of a callable on CPU or CUDA."""
+"""Timing and peak-memory measurement of a callable on CPU or CUDA: the one timing loop
+(:func:`interleaved_times`), the one ``HxW`` size parser (:func:`parse_size`) and the one
+skip rule (:func:`extrapolate`, :func:`over_budget`) of the benchmarks
+(``analysis.model_benchmark``, ``backbone_benchmark``, ``attention_benchmark``,
+``model_race``); their log-log plots are drawn by ``analysis.loglog``.
+"""
+import argparse
 import ctypes
 import ctypes.util
 import gc
@@ -81,6 +87,28 @@ def time_calls(fn: Callable[[], object], warmup: int, iters: int, device='cpu') 
     return interleaved_times({'fn': fn}, iters, device, warmup=warmup).times['fn']
 
 
+class SizeError(ValueError, argparse.ArgumentTypeError):
+    """A size that is not ``HxW`` (or ``S``) of positive integers; as an
+    ``ArgumentTypeError``, argparse shows its message for an option of ``type=parse_size``."""
+
+
+def parse_size(text: str) -> Tuple[int, int]:
+    """'HxW' -> (H, W); 'S' -> (S, S). The ``type`` of the benchmarks' size options.
+
+    Raises:
+        SizeError: for anything else (a ``ValueError``).
+    """
+    try:
+        values = tuple(int(v) for v in str(text).lower().split('x'))
+    except ValueError:
+        values = ()
+    if len(values) == 1:
+        values = values * 2
+    if len(values) != 2 or min(values) < 1:
+        raise SizeError(f'sizes are HxW (or S for SxS), e.g. 1024x2048; got {text!r}')
+    return values
+
+
 @dataclass
 class InterleavedTimes:
     """Seconds measured by :func:`interleaved_times`.
@@ -90,16 +118,21 @@ class InterleavedTimes:
             first warm-up call only.
         reference: the reference call's time in each round (empty without one).
         over_cap: the calls whose first warm-up took longer than ``max_warmup_s``.
+        counts: per call, the sum over its timed calls of what ``counter`` rose by
+            (empty without a counter).
     """
     times: Dict[str, List[float]]
     reference: List[float] = field(default_factory=list)
     over_cap: List[str] = field(default_factory=list)
+    counts: Dict[str, int] = field(default_factory=dict)
 
 
 def interleaved_times(calls: Dict[str, Callable[[], object]], repeats: int, device='cpu',
                       reference: Optional[Callable[[], object]] = None, warmup: int = 1,
                       max_warmup_s: Optional[float] = None,
-                      clock: Callable[[], float] = time.perf_counter) -> InterleavedTimes:
+                      clock: Callable[[], float] = time.perf_counter,
+                      counter: Optional[Callable[[], int]] = None,
+                      rewarm: bool = False) -> InterleavedTimes:
     """Time several calls alternately, so that a change of machine load hits all alike.
 
     First ``warmup`` warm-up rounds: ``reference``, then each call in order; their times
@@ -118,6 +151,11 @@ def interleaved_times(calls: Dict[str, Callable[[], object]], repeats: int, devi
         max_warmup_s: the cap on a call's first warm-up (so it needs ``warmup >= 1``),
             or None.
         clock: the timer (seconds).
+        counter: read just before and after each timed call of ``calls`` (e.g.
+            :func:`minor_page_faults`); the rises are summed per call into ``counts``.
+        rewarm: run each call once more, untimed, right before each of its timed calls,
+            so that it is timed with its own data as warm in the caches as it gets (not
+            evicted by the calls before it).
 
     Returns:
         InterleavedTimes: the times per call, of the reference, and the calls over the cap.
@@ -125,14 +163,19 @@ def interleaved_times(calls: Dict[str, Callable[[], object]], repeats: int, devi
     if repeats < 1:
         raise ValueError(f'repeats must be at least 1, got {repeats}')
 
-    def timed(fn):
+    def timed(fn, name=None):
         synchronize(device)
+        before = counter() if counter is not None and name is not None else None
         start = clock()
         fn()
         synchronize(device)
-        return clock() - start
+        seconds = clock() - start
+        if before is not None:
+            result.counts[name] += counter() - before
+        return seconds
 
-    result = InterleavedTimes(times={name: [] for name in calls})
+    result = InterleavedTimes(times={name: [] for name in calls},
+                              counts={name: 0 for name in calls} if counter else {})
     active = dict(calls)
     for i in range(warmup):
         if reference is not None:
@@ -147,7 +190,9 @@ def interleaved_times(calls: Dict[str, Callable[[], object]], repeats: int, devi
         if reference is not None:
             result.reference.append(timed(reference))
         for name, fn in active.items():
-            result.times[name].append(timed(fn))
+            if rewarm:
+                fn()
+            result.times[name].append(timed(fn, name))
     return result
 
 
@@ -167,6 +212,18 @@ def extrapolate(points: Sequence[Tuple[float, float]], x: float, default_slope: 
         prev_x, prev_y = points[-2]
         slope = max(min_slope, math.log(last_y / prev_y) / math.log(last_x / prev_x))
     return last_y * (x / last_x) ** slope
+
+
+def over_budget(seconds: Optional[float], max_s: float, peak_mb: Optional[float] = None,
+                max_mb: Optional[float] = None) -> Optional[str]:
+    """Why a benchmark case is skipped, from its predicted call time (``seconds``, e.g.
+    :func:`extrapolate`) and peak memory (MiB), against ``--max-call-s`` and
+    ``--max-memory-gb`` (given in MiB); None when it is not (or nothing is predicted)."""
+    if seconds is not None and seconds > max_s:
+        return f'skipped: predicted {seconds:.0f} s a call > --max-call-s'
+    if peak_mb is not None and max_mb is not None and peak_mb > max_mb:
+        return f'skipped: predicted {peak_mb / 1024:.1f} GiB > --max-memory-gb'
+    return None
 
 
 def load_average() -> str:

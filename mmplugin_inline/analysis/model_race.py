@@ -13,7 +13,7 @@ Cases, per pair:
 - segmentors also in mmseg's ``slide`` mode (crops of ``slide_crop`` at ``slide_stride``)
   at every size larger than a crop, beside ``whole``;
 - a training step at ``train_size``: a batch of ``train_batch`` images with ground truth
-  (:func:`~mmplugin_inline.analysis.codebase.dummy_train_batch`) through the data
+  (:func:`~mmplugin_inline.analysis.model_and_batch.dummy_train_batch`) through the data
   preprocessor (training mode), the losses, and their backward (no optimizer step). The
   auxiliary heads that train with the model are kept.
 
@@ -32,10 +32,10 @@ timed call), ``peak_mb`` and, for detectors, ``instances`` (detections per image
 the last call); ``speedup`` (peer / ours time), ``peak_ratio`` (ours / peer memory) and
 ``note`` (why a case was skipped or timed once).
 
-``tools/analysis_tools/benchmark_models.py`` is the command line over
-:func:`run_race`.
+``tools/analysis_tools/benchmark_models.py`` (:mod:`mmplugin_inline.cli.benchmark_models`,
+with the options) is the command line over :func:`run_race`; the tables are
+:mod:`mmplugin_inline.analysis.model_race_report`'s.
 """
-import argparse
 import contextlib
 import copy
 import gc
@@ -49,59 +49,15 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .codebase import build_model, dummy_data_batch, dummy_train_batch
-from .measure import extrapolate, interleaved_times, load_average, peak_extra_memory
+from .model_and_batch import build_model, dummy_data_batch, dummy_train_batch
+from .measure import extrapolate, interleaved_times, load_average, over_budget, peak_extra_memory
+from .model_race_pairs import PAIRS, Pair, num_classes_of, pair_configs
+from .model_race_report import fmt, markdown, ratio
 
 ROLES = ('ours', 'peer')
 #: a training step costs about this many forwards (to predict its time for --max-call-s)
 TRAIN_OVER_INFER = 3.0
 
-
-@dataclass(frozen=True)
-class Pair:
-    """Two whole models that differ only in the backbone.
-
-    Attributes:
-        key: the name on the command line.
-        ours: our model's name in tables.
-        peer: the softmax model's name in tables.
-        config: our config, relative to the plugin's ``configs/``.
-        peer_backbone: the backbone config that replaces ours in the peer.
-        channels: the backbone's output channels, which both models share (what the
-            config's neck / head take).
-    """
-    key: str
-    ours: str
-    peer: str
-    config: str
-    peer_backbone: dict
-    channels: Tuple[int, ...]
-
-
-#: mmseg's Swin-T as its UperNet configs build it (``_base_/models/upernet_swin.py`` with
-#: ``swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py``)
-SWIN_T = dict(type='SwinTransformer', pretrain_img_size=224, embed_dims=96, patch_size=4,
-              window_size=7, mlp_ratio=4, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
-              strides=(4, 2, 2, 2), out_indices=(0, 1, 2, 3), qkv_bias=True, qk_scale=None,
-              patch_norm=True, drop_rate=0., attn_drop_rate=0., drop_path_rate=0.3,
-              use_abs_pos_embed=False, act_cfg=dict(type='GELU'),
-              norm_cfg=dict(type='LN', requires_grad=True))
-#: mmdet's PVT-T as ``mask-rcnn_pvt-t-p4_fpn_1x_coco.py`` builds it (the class defaults
-#: are PVT-T's widths, heads, reductions and MLP ratios; depths 2-2-2-2)
-PVT_T = dict(type='PyramidVisionTransformer', num_layers=[2, 2, 2, 2], drop_path_rate=0.1,
-             out_indices=(0, 1, 2, 3))
-
-PAIRS = {pair.key: pair for pair in (
-    Pair('upernet-swin', 'UperNet InLine-Swin-T', 'UperNet Swin-T',
-         'inline_swin/upernet_inline-swin-t_8xb2-160k_ade20k-512x512.py', SWIN_T,
-         (96, 192, 384, 768)),
-    # mmseg has no PVT: mmdet's, from the mmseg registry across scopes
-    Pair('fpn-pvt', 'Semantic FPN InLine-PVT-T', 'Semantic FPN PVT-T',
-         'inline_pvt/fpn_inline-pvt-t_8xb4-40k_ade20k-512x512.py',
-         dict(PVT_T, type='mmdet.PyramidVisionTransformer'), (64, 128, 320, 512)),
-    Pair('mask-rcnn-pvt', 'Mask R-CNN InLine-PVT-T', 'Mask R-CNN PVT-T',
-         'inline_pvt/mask-rcnn_inline-pvt-t_fpn_1x_coco.py', PVT_T, (64, 128, 320, 512)),
-)}
 
 DEFAULT_SIZES = ('512x512', '1024x1024', '1024x2048')
 
@@ -125,63 +81,6 @@ class Case:
     def size_text(self) -> str:
         """'HxW'."""
         return f'{self.size[0]}x{self.size[1]}'
-
-
-def parse_size(text: str) -> Tuple[int, int]:
-    """'HxW' -> (H, W); 'S' -> (S, S)."""
-    try:
-        values = tuple(int(v) for v in str(text).lower().split('x'))
-    except ValueError:
-        values = ()
-    if len(values) == 1:
-        values = values * 2
-    if len(values) != 2 or min(values) < 1:
-        raise ValueError(f'sizes are HxW (or S for SxS), e.g. 1024x2048; got {text!r}')
-    return values
-
-
-def config_root() -> str:
-    """The plugin's ``configs/``: in an installed package's ``.mim/``, else beside the
-    package in a source checkout."""
-    package = osp.dirname(osp.dirname(osp.abspath(__file__)))
-    for root in (osp.join(package, '.mim', 'configs'), osp.join(osp.dirname(package), 'configs')):
-        if osp.isdir(root):
-            return root
-    raise FileNotFoundError(f'no configs/ in {package}/.mim or beside {package}')
-
-
-def backbone_channels(model_cfg: dict) -> Tuple[int, ...]:
-    """The backbone channels a config's neck (or, without one, decode head) takes."""
-    taker = model_cfg.get('neck') or model_cfg['decode_head']
-    return tuple(taker['in_channels'])
-
-
-def pair_configs(pair: Pair, root: Optional[str] = None):
-    """Our config and the peer's (mmengine Configs), both with random weights.
-
-    The peer is ours with ``pair.peer_backbone`` in place of the backbone. Every
-    ``init_cfg`` of the backbones and the model's ``pretrained`` are None, so building
-    or initialising reads nothing.
-    """
-    from ..utils.tool_setup import load_config
-    ours = load_config(osp.join(root or config_root(), pair.config))
-    if backbone_channels(ours.model) != tuple(pair.channels):
-        raise ValueError(f'{pair.config} takes backbone channels {backbone_channels(ours.model)}'
-                         f', but {pair.key} races backbones of {pair.channels}')
-    if 'pretrained' in ours.model:
-        ours.model.pretrained = None
-    ours.model.backbone.init_cfg = None
-    peer = copy.deepcopy(ours)
-    peer.model.backbone = dict(pair.peer_backbone, init_cfg=None)
-    return ours, peer
-
-
-def num_classes_of(model_cfg: dict) -> int:
-    """Classes of a segmentor's decode head or of a detector's box head."""
-    if 'decode_head' in model_cfg:
-        return model_cfg['decode_head']['num_classes']
-    head = model_cfg['roi_head']['bbox_head']
-    return (head[0] if isinstance(head, (list, tuple)) else head)['num_classes']
 
 
 def adapt_config(cfg, codebase: str, args):
@@ -307,9 +206,10 @@ def race_case(pair: Pair, models: dict, codebase: str, case: Case, num_classes: 
     row.update(speedup=None, peak_ratio=None)
     if case.mode == 'slide':
         row['crops'] = slide_crops(case.size, slide_crop, slide_stride)
-    predicted = predicted_seconds(case, measured, slide_crop, slide_stride)
-    if predicted is not None and predicted > args.max_call_s:
-        row['note'] = f'skipped: predicted {predicted:.0f} s a call > --max-call-s'
+    skip = over_budget(predicted_seconds(case, measured, slide_crop, slide_stride),
+                       args.max_call_s)
+    if skip:
+        row['note'] = skip
         return row
     gc.collect()
     slide_cfg = dict(mode='slide', crop_size=slide_crop, stride=slide_stride)
@@ -342,144 +242,14 @@ def race_case(pair: Pair, models: dict, codebase: str, case: Case, num_classes: 
     return row
 
 
-def ratio(a, b) -> Optional[float]:
-    """a / b, or None if either is missing or b is zero."""
-    return a / b if a is not None and b else None
-
-
-def fmt(value, spec: str) -> str:
-    """``value`` formatted with ``spec``, or '-' when it is None."""
-    return '-' if value is None else format(value, spec)
-
-
-def markdown(rows: List[dict], env: dict) -> str:
-    """The race's tables: every case, then whole against slide where both ran."""
-    header = (
-        f"Device: {env['device']} ({env['threads']} threads), torch {env['torch']}; "
-        f"{env['repeats']} interleaved repeat(s) after {env['warmup']} warm-up (medians); load "
-        f"average {env['load_start']} at the start, {env.get('load_end', '?')} at the end. "
-        'Random weights. Inference: batch 1, data preprocessor + test_step (predict).')
-    if any(r['kind'] == 'train' for r in rows):
-        header += (f" Training step: batch {env['train_batch']} with ground truth, forward "
-                   'with losses + backward, no optimizer step.')
-    header += ' Time per image; peak: extra memory during one call.'
-    if env.get('detections'):
-        header += (f" Detectors keep {env['detections']} detections per image (score "
-                   'threshold 0).')
-    lines = [
-        header,
-        '',
-        '| pair | case | size | mode | ours s/img | peer s/img | speed-up (peer / ours) | '
-        'ours / peer peak MiB | note |',
-        '|---|---|---|---|---|---|---|---|---|']
-    for r in rows:
-        speed = ratio(r['peer_s'], r['ours_s'])
-        lines.append(
-            f"| {r['ours']} vs {r['peer']} | {r['kind']} | {r['size']} | {r['mode']} | "
-            f"{fmt(r['ours_s'], '.3f')} | {fmt(r['peer_s'], '.3f')} | "
-            f"{fmt(speed, '.2f')}{'x' if speed is not None else ''} | "
-            f"{fmt(r['ours_peak_mb'], ',.0f')} / {fmt(r['peer_peak_mb'], ',.0f')} | "
-            f"{r.get('note', '')} |")
-    slides = [r for r in rows if r['mode'] == 'slide' and r['ours_s'] and r['peer_s']]
-    pairs_of_modes = []
-    for s in slides:
-        whole = next((r for r in rows if r['pair'] == s['pair'] and r['size'] == s['size'] and
-                      r['mode'] == 'whole' and r['ours_s'] and r['peer_s']), None)
-        if whole is not None:
-            pairs_of_modes.append((whole, s))
-    if pairs_of_modes:
-        lines += [
-            '', 'Whole against slide (s/img; slide / whole > 1: one whole pass is cheaper; '
-            'the last column: how much faster our whole pass is than the softmax model '
-            'sliding):', '',
-            '| pair | size | crops | ours whole | ours slide | ours slide / whole | '
-            'peer whole | peer slide | peer slide / whole | peer slide / ours whole |',
-            '|---|---|---|---|---|---|---|---|---|---|']
-        for whole, s in pairs_of_modes:
-            lines.append(
-                f"| {whole['ours']} vs {whole['peer']} | {s['size']} | {s.get('crops', '-')} | "
-                f"{whole['ours_s']:.3f} | {s['ours_s']:.3f} | "
-                f"{ratio(s['ours_s'], whole['ours_s']):.2f} | {whole['peer_s']:.3f} | "
-                f"{s['peer_s']:.3f} | {ratio(s['peer_s'], whole['peer_s']):.2f} | "
-                f"{ratio(s['peer_s'], whole['ours_s']):.2f}x |")
-    counts = [r for r in rows if r.get('ours_instances') is not None]
-    if counts:
-        lines += ['', 'Detections per image in the last timed call (the mask head and the '
-                  'pasting of masks work on these): ' +
-                  '; '.join(f"{r['size']}: ours {r['ours_instances']}, peer "
-                            f"{r.get('peer_instances')}" for r in counts)]
-    return '\n'.join(lines) + '\n'
-
-
-def add_race_options(parser) -> None:
-    """The options of ``tools/analysis_tools/benchmark_models.py`` (the script makes the
-    parser, as mmdet's tools do); check the parsed values with :func:`check_race_args`."""
-    def size(text):
-        try:
-            return parse_size(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc))
-
-    parser.add_argument('--pairs', nargs='+', choices=sorted(PAIRS), default=list(PAIRS),
-                        help='pairs to race (default: all)')
-    parser.add_argument('--sizes', nargs='+', type=size, metavar='HxW',
-                        default=[parse_size(s) for s in DEFAULT_SIZES],
-                        help=f'inference sizes (default: {" ".join(DEFAULT_SIZES)})')
-    parser.add_argument('--train-size', type=size, default=(512, 512), metavar='HxW',
-                        help='training-step size (default: 512x512)')
-    parser.add_argument('--no-train', action='store_true', help='no training step')
-    parser.add_argument('--train-batch', type=int, default=2, metavar='N',
-                        help="images per training step (default: 2; UperNet's pooling "
-                             'branch ends in a 1x1 map, which BatchNorm cannot train on '
-                             'with one image)')
-    parser.add_argument('--slide-crop', type=size, default=(1024, 1024), metavar='HxW',
-                        help="segmentors' slide-mode crop (default: 1024x1024)")
-    parser.add_argument('--slide-stride', type=size, default=(768, 768), metavar='HxW',
-                        help="segmentors' slide-mode stride (default: 768x768)")
-    parser.add_argument('--detections', type=int, default=None, metavar='N',
-                        help='detectors keep N detections per image (score threshold 0; '
-                             'there are always enough), so that both models post-process '
-                             'the same; '
-                             "default: the config's test_cfg (random weights: few boxes)")
-    parser.add_argument('--repeats', type=int, default=2,
-                        help='timed rounds per case (default: 2)')
-    parser.add_argument('--warmup', type=int, default=1,
-                        help='warm-up rounds per case (default: 1)')
-    parser.add_argument('--threads', type=int, default=None, help='CPU threads (torch)')
-    parser.add_argument('--device', default='cpu', help='cpu or cuda (cuda:N)')
-    parser.add_argument('--max-call-s', type=float, default=600.0,
-                        help='skip a case whose call is predicted (from the smaller sizes) '
-                             'to take longer; time a call whose warm-up took longer only '
-                             'once (default: 600)')
-    parser.add_argument('--no-memory', action='store_true', help='skip peak memory')
-    parser.add_argument('--out-dir', default='work_dirs/benchmark_models')
-
-
-def check_race_args(args) -> Optional[str]:
-    """What is wrong with parsed options (a message for ``parser.error``), or None."""
-    if args.repeats < 1:
-        return '--repeats must be at least 1'
-    if args.warmup < 1:
-        return '--warmup must be at least 1 (the first call of a model is not timed)'
-    if args.train_batch < 1:
-        return '--train-batch must be at least 1'
-    if args.threads is not None and args.threads < 1:
-        return '--threads must be at least 1'
-    if args.detections is not None and args.detections < 1:
-        return '--detections must be at least 1'
-    if args.max_call_s <= 0:
-        return '--max-call-s must be positive'
-    return None
-
-
 def run_race(args, configs: Optional[Dict[str, tuple]] = None) -> dict:
-    """Race the pairs of ``args`` (see :func:`add_race_options`); write ``results.json``
+    """Race the pairs of ``args`` (the options of :mod:`mmplugin_inline.cli.benchmark_models`); write ``results.json``
     and ``results.md`` under ``args.out_dir``; return ``env``, ``rows`` and ``table``.
 
     ``configs`` (``{pair key: (ours Config, peer Config)}``) replaces
     :func:`pair_configs` for those pairs (e.g. shrunk models).
     """
-    from ..utils.tool_setup import codebase_of
+    from ..tools_common import codebase_of
     if args.threads:
         torch.set_num_threads(args.threads)
     os.makedirs(args.out_dir, exist_ok=True)

@@ -1,7 +1,7 @@
 """The Runner and device set-up of ``tools/train.py`` and ``tools/test.py``.
 
 Both tools serve mmdet and mmseg configs alike; the config is read by
-:func:`~mmplugin_inline.utils.tool_setup.load_run_config`. The runner itself is
+:func:`~mmplugin_inline.tools_common.load_run_config`. The runner itself is
 mmengine's, built from the config.
 """
 import os
@@ -10,7 +10,7 @@ import re
 
 import torch
 
-from mmplugin_inline.utils.tool_setup import fail
+from mmplugin_inline.tools_common import fail
 
 
 def _replace_norm(node, old: str, new: str) -> int:

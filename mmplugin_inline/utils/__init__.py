@@ -1,2 +1,2 @@
-"""Utilities that do not depend on the models: environment checks, what the command-line
-tools share (``tool_setup``)."""
+"""Utilities that do not depend on the models: the environment check (``env_check``).
+What the command-line tools share is ``mmplugin_inline.tools_common``."""

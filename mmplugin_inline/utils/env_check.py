@@ -17,7 +17,7 @@ from typing import List, Optional, Tuple
 MMCV_MIN = '2.0.0rc4'
 MMCV_MAX = '2.2.0'
 
-SETUP_HINT = ('Run `make setup` (or `bash tools/setup_env.sh`) in the mmplugin_inline '
+SETUP_HINT = ('Run `make setup` (or `bash scripts/setup_env.sh`) in the mmplugin_inline '
               'checkout: it builds mmcv with its ops for this torch and caches the wheel. '
               'On a GPU machine install a CUDA build of mmcv instead, e.g. '
               '`pip install -U openmim && mim install "mmcv>=2.0.0,<2.2.0"`.')

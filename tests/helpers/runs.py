@@ -1,7 +1,6 @@
-"""Running the repository's tools as users do: as subprocesses, or their scripts as modules."""
+"""Running the repository's tools as users do (as subprocesses), and what the tests of runs
+share; a tool's insides are imported from ``mmplugin_inline.cli`` and the package."""
 import glob
-import importlib.util
-import json
 import os
 import os.path as osp
 import signal
@@ -10,6 +9,8 @@ import subprocess
 import sys
 import time
 
+from mmplugin_inline.analysis.scalars import read_scalars
+from mmplugin_inline.cli import make_shapes_dataset as make_shapes  # noqa: F401 (for the tests)
 from mmplugin_inline.weights import load_run_checkpoint
 
 from .tiny_models import REPO
@@ -17,19 +18,6 @@ from .tiny_models import REPO
 PYTHON = sys.executable
 DET_CONFIG = osp.join(REPO, 'configs/inline_pvt/mask-rcnn_inline-pvt-t_fpn_1x_coco.py')
 SEG_CONFIG = osp.join(REPO, 'configs/inline_swin/upernet_inline-swin-t_8xb2-160k_ade20k-512x512.py')
-
-
-def load_script(relpath: str):
-    """Import a script of the repository (``tools/...py``, ``demo/...py``) as a module."""
-    spec = importlib.util.spec_from_file_location(osp.basename(relpath)[:-3],
-                                                  osp.join(REPO, relpath))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(spec.name, module)
-    spec.loader.exec_module(module)
-    return module
-
-
-make_shapes = load_script('tools/misc/make_shapes_dataset.py')
 
 
 def run_tool(args, cwd=REPO, timeout=300, env=None):
@@ -126,14 +114,7 @@ def dist_train_args(config, work: str, *extra, nproc: int = 2):
 def train_losses(work_dir):
     """{iteration: loss} of every training line of WORK_DIR/*/vis_data/scalars.json
     (several runs in one work directory: the later run's line wins)."""
-    losses = {}
-    for path in sorted(glob.glob(osp.join(work_dir, '*', 'vis_data', 'scalars.json'))):
-        with open(path) as f:
-            for line in f:
-                entry = json.loads(line) if line.strip() else {}
-                if 'loss' in entry:
-                    losses[entry['iter']] = entry['loss']
-    return losses
+    return {entry['iter']: entry['loss'] for entry in read_scalars(work_dir) if 'loss' in entry}
 
 
 def max_weight_difference(path_a, path_b):

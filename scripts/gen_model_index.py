@@ -2,7 +2,7 @@
 
 Usage::
 
-    python tools/misc/gen_model_index.py [--no-flops | --flops-only NAME ...] [--cache JSON]
+    python scripts/gen_model_index.py [--no-flops | --flops-only NAME ...] [--cache JSON]
         [--check]
 
 Writes ``configs/<folder>/metafile.yml`` for each config folder and ``model-index.yml``
@@ -14,7 +14,7 @@ ImageNet-1k backbone of the authors, whose ``Weights`` is the backbone's URL.
 Numbers are measured, never typed in: parameters by building the model with random
 weights (the whole detector / segmentor; mmseg's training-only auxiliary head left out
 as ``get_flops.py`` does), FLOPs (multiply-accumulates) with
-``tools/analysis_tools/get_flops.py``'s ``get_flops`` at the input shape written beside
+``mmplugin_inline.analysis.flops.get_flops`` (``tools/analysis_tools/get_flops.py``) at the input shape written beside
 them (``torch.manual_seed(0)`` before each build, so the proposals a two-stage
 detector's RPN keeps with random weights, and hence its FLOPs, repeat). No ``Results``
 are written: no run of these configs on COCO / ADE20K / Cityscapes exists yet.
@@ -32,7 +32,7 @@ import os.path as osp
 import sys
 from collections import OrderedDict
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 PAPER = 'https://arxiv.org/abs/2412.06590'  # Han et al., NeurIPS 2024
 AUTHORS_CODE = 'https://github.com/LeapLabTHU/InLine'
 DET_SHAPE = (800, 1280)  # H x W, as in README's model zoo
@@ -56,7 +56,7 @@ def folder_of(config: str) -> str:
     parts = config.split('/')
     if len(parts) != 3:
         raise ValueError(f'{config}: put configs in a folder configs/<name>/ (or list it in '
-                         'tools/misc/gen_model_index.py like the short-name config)')
+                         'scripts/gen_model_index.py like the short-name config)')
     return '/'.join(parts[:2])
 
 
@@ -98,7 +98,7 @@ def measure_backbone(cls, arch: str, flops: bool) -> dict:
 
 
 def load_cfg(config: str):
-    from mmplugin_inline.utils.tool_setup import codebase_of, load_config
+    from mmplugin_inline.tools_common import codebase_of, load_config
     cfg = load_config(osp.join(REPO, config))
     return cfg, codebase_of(cfg)
 
@@ -127,7 +127,7 @@ def measure_config(config: str, flops: bool) -> dict:
                backbone_params=sum(p.numel() for p in model.backbone.parameters()),
                shape=input_shape(cfg, codebase))
     if flops:
-        get_flops = _get_flops_tool().get_flops
+        from mmplugin_inline.analysis.flops import get_flops
         torch.manual_seed(0)
         result = get_flops(cfg, out['shape'], model=model)
         rows = {name: (params, count) for name, params, count in result['rows']}
@@ -136,15 +136,6 @@ def measure_config(config: str, flops: bool) -> dict:
         if result['unknown_ops']:
             raise RuntimeError(f'{config}: ops with no FLOP handler: {result["unknown_ops"]}')
     return out
-
-
-def _get_flops_tool():
-    import importlib.util
-    path = osp.join(REPO, 'tools/analysis_tools/get_flops.py')
-    spec = importlib.util.spec_from_file_location('get_flops', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def config_metadata(config: str, cfg, codebase: str, fams: dict) -> dict:
@@ -291,7 +282,7 @@ def read_existing() -> dict:
     return out
 
 
-HEADER = ('# Written by tools/misc/gen_model_index.py from measurements (do not edit by hand).\n'
+HEADER = ('# Written by scripts/gen_model_index.py from measurements (do not edit by hand).\n'
           '# Parameters: counted on the built model (random weights); FLOPs: multiply-\n'
           '# accumulates counted by tools/analysis_tools/get_flops.py at Input Shape (H x W),\n'
           '# given where measured. No Results: no run of these configs exists yet.\n')
@@ -308,7 +299,7 @@ def dump(data) -> str:
     return HEADER + yaml.dump(data, Dumper=Dumper, sort_keys=False, width=100)
 
 
-README_BEGIN = '<!-- models: written by tools/misc/gen_model_index.py -->'
+README_BEGIN = '<!-- models: written by scripts/gen_model_index.py -->'
 README_END = '<!-- /models -->'
 
 

@@ -1,9 +1,9 @@
 """What the command-line tools share: config loading, codebase detection, the shared
 command-line options and the failure messages.
 
-Used by ``tools/train.py``, ``tools/test.py``, ``tools/analysis_tools/get_flops.py``,
-``benchmark.py``, ``confusion_matrix.py``, ``analyze_logs.py``, ``demo/image_demo.py``,
-``tools/misc/demo_report.py``, ``print_config.py`` and ``browse_dataset.py``, so that a
+Used by the tools' modules in :mod:`mmplugin_inline.cli` (train, test, get_flops,
+benchmark, confusion_matrix, analyze_logs, image_demo, demo_report, print_config,
+browse_dataset, pytorch2onnx) and by :mod:`mmplugin_inline.analysis`, so that a
 config is read, overridden (``--cfg-options``) and attributed to mmdet or mmseg the
 same way by all of them, and a missing file or an unusable config ends every tool
 with the same one-line message (status 1, no traceback). ``codebase_script`` finds the
@@ -11,11 +11,9 @@ scripts mmdet's and mmseg's wheels ship, for the tools that delegate to them, an
 ``can_show`` keeps ``--show`` from waiting on a window that a headless machine cannot
 open.
 
-The ``add_*_options`` helpers add options to a parser the tool script made: mmdet
-keeps argparse in its ``tools/`` scripts, and so does this plugin (no parser is made or
-parsed here, and argparse is not imported); the helpers live in the package only
-because the scripts under ``tools/`` and ``demo/`` are not importable from each other,
-and ``DictAction`` is imported when they are called, not when this module is.
+The ``add_*_options`` helpers add options to a parser a tool's module made (no parser is
+made or parsed here, and argparse is not imported); ``DictAction`` is imported when they
+are called, not when this module is.
 """
 import copy
 import importlib

@@ -2,7 +2,7 @@
 
 Shared by ``tools/analysis_tools/get_flops.py`` and ``benchmark.py``: the config is
 loaded and its codebase ('mmdet' or 'mmseg') told by
-:mod:`mmplugin_inline.utils.tool_setup`; the model is built through that codebase's
+:mod:`mmplugin_inline.tools_common`; the model is built through that codebase's
 registry with random weights (``init_weights`` is not called, so no checkpoint is
 read); the dummy batch goes through the model's own data preprocessor, so the
 network sees what it would see at inference (normalised, padded to the size divisor).
@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from mmengine.config import Config
 
-from ..utils.tool_setup import CODEBASES, codebase_of
+from ..tools_common import CODEBASES, codebase_of
 
 #: input H x W when a tool is given none: mmdet's 1333 x 800 test scale, ADE20K's crop
 DEFAULT_SHAPES = {'mmdet': (800, 1333), 'mmseg': (512, 512)}

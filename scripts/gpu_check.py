@@ -1,6 +1,6 @@
 """Check the GPU path and write one JSON file a person can judge it from (``make gpu-check``).
 
-    python tools/misc/gpu_check.py [--out-dir work_dirs/gpu_check] [--benchmark-args "..."]
+    python scripts/gpu_check.py [--out-dir work_dirs/gpu_check] [--benchmark-args "..."]
 
 Runs, in order: the environment check (``python -m mmplugin_inline.utils.env_check``),
 the tests marked ``cuda`` (``pytest -m cuda``: the kernel against its definition on the
@@ -24,7 +24,7 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 BENCHMARK = 'tools/analysis_tools/benchmark_backbones.py'
 #: the one benchmark case: InLine-PVT-T against mmdet's PVT-T at 800 x 1344, inference and
 #: a training step, three interleaved repeats (tests/test_cuda.py checks these are options

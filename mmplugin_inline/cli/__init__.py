@@ -1,0 +1,8 @@
+"""The command-line tools: one module per script of ``tools/`` and ``demo/`` (its
+``parse_args(argv)`` and ``main(argv)``), and what they all share (``common``: config
+loading, codebase detection, the shared options and the failure messages).
+
+A script under ``tools/`` only calls its module's ``main``; the work itself is in
+``mmplugin_inline.analysis``, ``mmplugin_inline.deployment`` and the rest of the
+package, so tests and other code import it instead of loading a script by path.
+"""

@@ -1,0 +1,80 @@
+"""Race the InLine backbones against the softmax backbones users would pick instead.
+
+The paper's Fig. 3 on your machine: for every family (T presets) our backbone and its
+softmax peer run alternately in one process (interleaved repeats, medians), at a
+resolution sweep, in inference (no grad) and as a training step (forward, a loss over
+all outputs, backward). Peers:
+
+- pvt:   mmdet's ``PyramidVisionTransformer`` with PVT-T settings (depths 2-2-2-2,
+         heads 1-2-5-8, spatial reduction 8-4-2-1);
+- swin:  mmdet's ``SwinTransformer``, Swin-T (window 7);
+- cswin: CSWin-T's softmax form from our own blocks (``block_types='SSSS'``:
+         cross-shaped stripe attention in every stage);
+- deit:  timm's ``vit_tiny_patch16_224`` (DeiT-T: 192 wide, 12 blocks, 3 heads; SDPA),
+         built without weights and with a dynamic image size.
+
+The Swin window sweep (``--windows``, at ``--window-size-input``) compares InLine in
+windows (``inline_window``) with softmax windows, both in every stage of InLine-Swin-T's
+layout; a window larger than a stage's map is cut to the map, as the authors' Swin does.
+
+Measured per model and case: median time, peak extra memory (torch's profiler on CPU,
+the allocator on CUDA: ``mmplugin_inline.analysis.peak_extra_memory``), forward FLOPs
+from our counter (``mmplugin_inline.analysis.flop_analyzer``; multiply-accumulates, the
+papers' convention; a training step is counted as 3x the forward), and the achieved
+rate against a large fp32 matrix product (``--gemm-size``) timed in the same rounds:
+how close to the hardware the model runs. A model whose previous size predicts a call
+over ``--max-call-s`` or peak memory over ``--max-memory-gb`` is skipped at larger sizes,
+with the reason in the table.
+
+Writes ``results.json``, ``results.md`` and ``time_vs_pixels.png`` / ``memory_vs_pixels.png``
+(log-log; the fitted slope of time against pixels is in the legend and the table) under
+``--out-dir``. ``--with-cp none mlp attn full`` adds our backbones with those
+``with_cp`` settings to the training-step races (the memory / time trade-off).
+
+    python tools/analysis_tools/benchmark_backbones.py --out-dir work_dirs/bench_backbones
+    python tools/analysis_tools/benchmark_backbones.py --families pvt --sizes 224x224 \\
+        --repeats 1 --modes infer --device cuda          # one quick case
+"""
+import argparse
+
+from ..analysis.backbone_benchmark import CP_VALUES, DEFAULT_SIZES, FAMILIES, run_benchmark
+from ..analysis.backbone_report import MODES
+from ..analysis.measure import parse_size
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--families', nargs='*', choices=FAMILIES, default=list(FAMILIES),
+                        help='families to race (none: only the window sweep)')
+    parser.add_argument('--sizes', nargs='+', type=parse_size,
+                        default=[parse_size(s) for s in DEFAULT_SIZES], help='HxW inputs')
+    parser.add_argument('--modes', nargs='+', choices=MODES, default=list(MODES))
+    parser.add_argument('--with-cp', nargs='+', choices=sorted(CP_VALUES), default=[],
+                        help="also race our backbones with these with_cp settings in "
+                             "training steps ('none' False, 'full' True)")
+    parser.add_argument('--reference-paths', action='store_true',
+                        help='also race our backbones on the reference paths (the code the '
+                             'fast paths replaced; mmplugin_inline.core.reference_paths), '
+                             'same weights, in the same rounds')
+    parser.add_argument('--windows', nargs='*', type=int, default=[],
+                        help="Swin window sweep, e.g. 7 14 28 56 (none by default)")
+    parser.add_argument('--window-size-input', type=parse_size, default=(224, 224))
+    parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--device', default='cpu')
+    parser.add_argument('--threads', type=int, default=None, help='CPU threads (torch)')
+    parser.add_argument('--gemm-size', type=int, default=2048)
+    parser.add_argument('--max-call-s', type=float, default=60.0)
+    parser.add_argument('--max-memory-gb', type=float, default=16.0)
+    parser.add_argument('--no-memory', action='store_true', help='skip peak memory')
+    parser.add_argument('--no-flops', action='store_true', help='skip FLOP counts')
+    parser.add_argument('--no-plots', action='store_true')
+    parser.add_argument('--out-dir', default='work_dirs/benchmark_backbones')
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error('--repeats must be at least 1')
+    return args
+
+
+def main(argv=None):
+    return run_benchmark(parse_args(argv))

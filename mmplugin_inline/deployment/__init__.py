@@ -1,0 +1,1 @@
+"""Deployment: ONNX export and its verification with onnxruntime (``onnx``)."""

@@ -1,0 +1,256 @@
+"""ONNX export of an InLine backbone or an mmseg segmentor (tensor mode), and its
+verification with onnxruntime against PyTorch; the tool is
+``tools/deployment/pytorch2onnx.py`` (:mod:`mmplugin_inline.cli.pytorch2onnx`).
+
+The export goes through torch's own exporter: ``torch.export`` with batch, height and
+width left dynamic (``Dim.AUTO``), then ``torch.onnx.export`` of the exported program
+(the dynamo-based path, torch's default). The TorchScript-based exporter
+(``dynamo=False``) cannot export these models with a dynamic batch: the local residual
+is one depthwise convolution with ``groups = B * C``, and it rejects a convolution
+whose kernel shape is unknown. ONNX's ``Conv`` also needs ``group`` as a constant, so
+that one convolution is decomposed, in the exported program only, into its 3x3 taps
+(:func:`conv2d_dynamic_groups`); the eager model is not changed.
+
+The example input has batch 2 (a batch of 1 would fix the batch size); the exported
+program's ranges for batch, H and W are printed. A size that the model branches on
+(Swin's shift is off in a stage whose map is no larger than the window) is a range
+limit: export at a size like the ones you will run.
+
+Verification (:func:`verify_onnx`, the tool's ``--verify``) runs the ONNX file with
+onnxruntime on the CPU against PyTorch on the same random inputs at each size, with batch
+1 and 2; :func:`check_rows` names the outputs of another shape or above the tolerance.
+"""
+import os
+import os.path as osp
+from typing import List, Optional, Sequence, Tuple
+
+#: max abs error accepted by --verify (fp32; measured errors are ~1e-6, see README)
+DEFAULT_TOLERANCE = 1e-4
+DEFAULT_OPSET = 18
+EXAMPLE_BATCH = 2
+
+
+def conv2d_dynamic_groups(input, weight, bias=None, stride=(1, 1), padding=(0, 0),
+                          dilation=(1, 1), groups=1):
+    """``aten.conv2d`` whose ``groups`` depends on the input size, as a sum of its taps.
+
+    The local residual convolves each sample with its own kernels: one depthwise
+    convolution of ``[1, B*C, H, W]`` with ``groups = B*C``. With a dynamic batch,
+    ``groups`` is symbolic and ONNX ``Conv`` cannot take it; the same convolution is
+    the sum over the kh x kw taps of a shifted slice of the padded input times that
+    tap's weight per channel. Any other convolution is left to the exporter
+    (``NotImplemented``).
+    """
+    from ..core import depthwise_conv_taps
+    if isinstance(groups, int):
+        return NotImplemented
+    if weight.shape[1] != 1 or tuple(stride) != (1, 1) or tuple(dilation) != (1, 1):
+        raise NotImplementedError(
+            'only depthwise, stride 1, dilation 1 convolutions with a size-dependent group '
+            f'count can be exported; got weight {tuple(weight.shape)}, stride {stride}, '
+            f'dilation {dilation}')
+    out = depthwise_conv_taps(input, weight, padding)
+    return out if bias is None else out + bias.view(1, -1, 1, 1)
+
+
+class exportable_upsampling:
+    """Within the block, mmseg's ``Upsample`` modules with an integer scale factor compute
+    their output size as ``size * factor`` instead of ``int(size * factor)``.
+
+    The two are equal for integer factors, but ``torch.export`` specialises ``int()`` of a
+    symbolic float to the example's value (a guard the ONNX graph drops): Semantic FPN's
+    scale heads then upsample to the example's map size at every input size and the
+    logits come out wrong (max abs error ~1 at 61x83 for an export at 64x96). The
+    modules' own ``forward`` is restored on exit, so verification compares with the
+    model as it is.
+    """
+
+    def __init__(self, module):
+        self.module, self.patched = module, []
+
+    def __enter__(self):
+        import types
+        try:
+            from mmseg.models.utils import Upsample, resize
+        except ImportError:  # mmseg not installed: nothing of it to patch
+            return self
+
+        def forward(up, x):
+            factor = int(up.scale_factor)
+            return resize(x, [t * factor for t in x.shape[-2:]], None, up.mode,
+                          up.align_corners)
+
+        for m in self.module.modules():
+            if isinstance(m, Upsample) and not m.size and isinstance(m.scale_factor, float) \
+                    and m.scale_factor.is_integer():
+                m.forward = types.MethodType(forward, m)
+                self.patched.append(m)
+        return self
+
+    def __exit__(self, *exc):
+        for m in self.patched:
+            del m.forward  # back to the class's forward
+        return False
+
+
+def segmentor_tensor_mode(segmentor):
+    """A module whose ``forward(inputs)`` is the mmseg segmentor's tensor mode."""
+    import torch.nn as nn
+
+    class SegmentorTensorMode(nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, inputs):
+            return self.model(inputs, None, mode='tensor')
+
+    return SegmentorTensorMode(segmentor)
+
+
+def _bound(value) -> Optional[int]:
+    """A range bound of ``torch.export`` as an int; None for infinity (``int_oo``)."""
+    try:
+        bound = int(value)
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        return None
+    return None if bound >= 2 ** 62 else bound
+
+
+def _dim_ranges(exported) -> List[Tuple[object, object]]:
+    """(min, max) of each dimension of the exported program's first input; an int
+    where the export fixed that dimension."""
+    placeholder = next(n for n in exported.graph.nodes
+                       if n.op == 'placeholder' and n.name in exported.graph_signature.user_inputs)
+    ranges = []
+    for size in placeholder.meta['val'].shape:
+        if isinstance(size, int):
+            ranges.append(size)
+            continue
+        vr = exported.range_constraints[size.node.expr]
+        ranges.append((_bound(vr.lower), _bound(vr.upper)))
+    return ranges
+
+
+def describe_range(name: str, r) -> str:
+    if isinstance(r, int):
+        return f'{name} fixed to {r}'
+    low, high = r
+    return f'{name} {low}..{"inf" if high is None else high}'
+
+
+def export_onnx(module, shape: Tuple[int, int], out: str, opset: int = DEFAULT_OPSET,
+                in_channels: int = 3) -> dict:
+    """Export ``module`` (eval mode, one image tensor in) with dynamic batch, H and W.
+
+    Returns ``dict(path, ranges=[batch, C, H, W] as (min, max) or a fixed int)``.
+    Raises ValueError when the export fixed the batch, height or width.
+    """
+    import torch
+    module.eval()
+    example = torch.randn(EXAMPLE_BATCH, in_channels, *shape,
+                          generator=torch.Generator().manual_seed(0))
+    auto = torch.export.Dim.AUTO
+    with torch.no_grad(), exportable_upsampling(module):
+        exported = torch.export.export(module, (example,),
+                                       dynamic_shapes=({0: auto, 2: auto, 3: auto},))
+        exported = exported.run_decompositions(
+            {torch.ops.aten.conv2d.default: conv2d_dynamic_groups})
+    ranges = _dim_ranges(exported)
+    fixed = [name for name, r in zip(('batch', None, 'height', 'width'), ranges)
+             if name and isinstance(r, int)]
+    if fixed:
+        raise ValueError(
+            f'the export fixed the {", ".join(fixed)} of the input to the example\'s '
+            f'({", ".join(describe_range(n, r) for n, r in zip(("batch", "C", "H", "W"), ranges))}): '
+            'the model branches on that size; export at another --shape, or see the '
+            'limits in the README (Deployment: ONNX)')
+    program = torch.onnx.export(exported, (example,), dynamo=True, opset_version=opset,
+                                input_names=['inputs'], optimize=True, verbose=False)
+    os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
+    program.save(out)
+    return dict(path=out, ranges=ranges)
+
+
+def default_verify_shapes(shape: Tuple[int, int]) -> List[Tuple[int, int]]:
+    """Two sizes other than ``shape``, neither side a multiple of 32 (nor even)."""
+    h, w = shape
+
+    def odd(n):
+        n = max(n, 33)
+        return n + 1 if n % 2 == 0 else n
+    return [(odd(h - h // 4), odd(w + w // 8)), (odd(h + h // 3), odd(w - w // 5))]
+
+
+def verify_onnx(module, path: str, shapes: Sequence[Tuple[int, int]],
+                batches: Sequence[int] = (1, EXAMPLE_BATCH), in_channels: int = 3,
+                seed: int = 0) -> List[dict]:
+    """Run ``path`` with onnxruntime (CPU) and ``module`` in PyTorch on the same random
+    inputs; one row per batch size, size and output: ``batch, hw, output, shape
+    (PyTorch), onnx_shape, max_abs_err`` (None when the shapes differ)."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+    session = ort.InferenceSession(path, providers=['CPUExecutionProvider'])
+    name = session.get_inputs()[0].name
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    module.eval()
+    for h, w in shapes:
+        for b in batches:
+            x = torch.randn(b, in_channels, h, w, generator=gen)
+            with torch.no_grad():
+                ref = module(x)
+            ref = [ref] if isinstance(ref, torch.Tensor) else list(ref)
+            got = session.run(None, {name: x.numpy()})
+            if len(got) != len(ref):
+                raise ValueError(f'{path} has {len(got)} outputs, PyTorch gives {len(ref)}')
+            for i, (r, o) in enumerate(zip(ref, got)):
+                r = r.numpy()
+                err = float(np.abs(r - o).max()) if r.shape == o.shape else None
+                rows.append(dict(batch=b, hw=(h, w), output=i, shape=tuple(r.shape),
+                                 onnx_shape=tuple(o.shape), max_abs_err=err))
+    return rows
+
+
+def check_rows(rows: List[dict], tolerance: float) -> Optional[str]:
+    """A failure message for rows of another shape or above ``tolerance``, else None."""
+    bad = []
+    for r in rows:
+        where = f'batch {r["batch"]}, {r["hw"][0]}x{r["hw"][1]}, output {r["output"]}'
+        if r['max_abs_err'] is None:
+            bad.append(f'{where}: ONNX shape {r["onnx_shape"]}, PyTorch {r["shape"]}')
+        elif not r['max_abs_err'] <= tolerance:
+            bad.append(f'{where}: max abs error {r["max_abs_err"]:.3g} > {tolerance:g}')
+    if not bad:
+        return None
+    return ('ONNX verification failed (onnxruntime vs PyTorch):\n  ' + '\n  '.join(bad) +
+            '\nThe exported graph does not compute what the model computes at these sizes.')
+
+
+def format_rows(rows: List[dict]) -> str:
+    lines = ['| batch | H x W | output | shape | max abs error |', '|---|---|---|---|---|']
+    for r in rows:
+        err = 'shape differs' if r['max_abs_err'] is None else f'{r["max_abs_err"]:.2e}'
+        lines.append(f'| {r["batch"]} | {r["hw"][0]}x{r["hw"][1]} | {r["output"]} | '
+                     f'{"x".join(map(str, r["shape"]))} | {err} |')
+    return '\n'.join(lines)
+
+
+def build_export_module(cfg, codebase: str, backbone_only: bool, checkpoint=None,
+                        allow_unsafe: bool = False):
+    """The module to export: the backbone, or the segmentor in tensor mode."""
+    from ..analysis import build_model
+    if not backbone_only and codebase != 'mmseg':
+        raise ValueError(f'whole-model export is for mmseg segmentors (tensor mode); this is an '
+                         f'{codebase} config: add --backbone-only to export its backbone')
+    model = build_model(cfg)
+    if checkpoint is not None:
+        from mmengine.runner import load_checkpoint
+
+        from ..weights import mmengine_checkpoint_loading
+        with mmengine_checkpoint_loading(allow_unsafe):
+            load_checkpoint(model, checkpoint, map_location='cpu')
+    if backbone_only:
+        return model.backbone.eval()
+    return segmentor_tensor_mode(model).eval()
