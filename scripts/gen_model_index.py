@@ -358,7 +358,7 @@ def with_tables(readme: str, folder: str, metafile: dict) -> str:
     return f'{head}{README_BEGIN}\n{readme_tables(folder, metafile)}{README_END}{tail}'
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--no-flops', action='store_true',
                         help='measure parameters only; keep the FLOPs in the files')
@@ -369,7 +369,11 @@ def main(argv=None):
                         help='keep measurements in this file and reuse them (resumable runs)')
     parser.add_argument('--check', action='store_true',
                         help='write nothing; exit 1 if the files are not up to date')
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     index = build_index(not args.no_flops, read_existing(), args.cache, args.flops_only)
     files = {f'{folder}/metafile.yml': dump(data) for folder, data in index.items()}
     files['model-index.yml'] = HEADER.splitlines()[0] + '\n' + dump_import(sorted(files))

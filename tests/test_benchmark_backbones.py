@@ -69,7 +69,7 @@ def test_reference_paths_race_beside_the_fast_paths(tmp_path, monkeypatch):
     def spy(*args):
         seen.append(core.fast_paths_enabled())
         return real(*args)
-    monkeypatch.setattr('mmplugin_inline.models.layers.attention.local_residual', spy)
+    monkeypatch.setattr('mmplugin_inline.models.layers.attention_kinds.local_residual', spy)
     out = bench_tool.main(['--families', 'swin', '--sizes', '32x32', '--modes', 'infer',
                       '--repeats', '1', '--gemm-size', '64', '--max-call-s', '1e6',
                       '--no-memory', '--no-flops', '--no-plots', '--reference-paths',

@@ -82,13 +82,17 @@ def draw(q, k, hw, queries, path):
     plt.close(fig)
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--size', type=int, nargs=2, default=(14, 14), metavar=('H', 'W'))
     parser.add_argument('--dim', type=int, default=32)
     parser.add_argument('--out-dir', default='work_dirs/injectivity')
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     hw = tuple(args.size)
     q, k = token_map(*hw, args.dim)
     cases = injectivity_cases(q, k)

@@ -37,7 +37,7 @@ def convert_file(src: str, dst: str, family: str = None, allow_unsafe: bool = Fa
                 dropped=list(filter(dropped_entries(family).search, raw)), ignored=ignored)
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('src', help='released checkpoint ({"model": state_dict} or variants), '
@@ -51,7 +51,11 @@ def main(argv=None):
     parser.add_argument('--no-verify-hash', dest='verify_hash', action='store_false',
                         help='do not check a SRC named NAME-<hex>.pth against that sha256 '
                              'prefix (for a suffix that is not a hash)')
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     try:
         summary = convert_file(args.src, args.dst, args.family, args.allow_unsafe,
                                args.verify_hash)

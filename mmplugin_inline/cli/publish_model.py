@@ -170,7 +170,7 @@ def publish(in_file: str, out_file: str, allow_unsafe: bool = False) -> dict:
     return dict(path=final, removed=removed, dropped=dropped)
 
 
-def main(argv=None):
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('in_file', help='checkpoint written by tools/train.py')
@@ -178,7 +178,11 @@ def main(argv=None):
     parser.add_argument('--allow-unsafe', action='store_true',
                         help='allow full unpickling of IN_FILE (runs code in it; trusted files '
                              'only)')
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     try:
         summary = publish(args.in_file, args.out_file, args.allow_unsafe)
     except (PublishError, CheckpointError) as exc:
