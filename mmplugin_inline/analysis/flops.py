@@ -33,15 +33,9 @@ def get_flops(config, shape: Optional[Sequence[int]] = None, cfg_options: Option
     """
     import torch
 
-    from ..tools_common import codebase_of, load_config
     from .complexity import count_module
-    from .model_and_batch import build_model, parse_shape, preprocess_dummy
-    cfg = load_config(config, cfg_options)
-    codebase = codebase_of(cfg)
-    shape = parse_shape(shape, codebase)
-    if model is None:
-        model = build_model(cfg, device)
-    model.eval()
+    from .model_and_batch import config_model_and_shape, preprocess_dummy
+    cfg, codebase, shape, model = config_model_and_shape(config, shape, device, cfg_options, model)
     data = preprocess_dummy(model, codebase, shape)
     inputs = data['inputs']
     result = dict(codebase=codebase, model_type=cfg.model.get('type'), shape=shape,

@@ -39,6 +39,23 @@ def build_model(cfg: Config, device: str = 'cpu', drop_auxiliary_head: bool = Tr
     return model.to(device).eval()
 
 
+def config_model_and_shape(config, shape: Optional[Sequence[int]] = None, device: str = 'cpu',
+                           cfg_options: Optional[dict] = None, model: Optional[nn.Module] = None):
+    """What a tool measuring a config needs: ``(cfg, codebase, (H, W), model)``.
+
+    ``config`` is a path or a loaded :class:`Config`; ``shape`` as :func:`parse_shape`
+    reads it; ``model`` is built (:func:`build_model`) unless one is given. The model is
+    returned in eval mode.
+    """
+    from ..tools_common import load_config
+    cfg = load_config(config, cfg_options)
+    codebase = codebase_of(cfg)
+    shape = parse_shape(shape, codebase)
+    if model is None:
+        model = build_model(cfg, device)
+    return cfg, codebase, shape, model.eval()
+
+
 def parse_shape(shape: Optional[Sequence[int]], codebase: str = 'mmdet') -> Tuple[int, int]:
     """``[S]`` -> (S, S); ``[H, W]`` -> (H, W); None -> the codebase's default."""
     if not shape:

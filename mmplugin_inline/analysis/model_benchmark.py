@@ -32,9 +32,9 @@ def benchmark(config, shape: Optional[Sequence[int]] = None, batch: int = 1, war
     """
     import torch
 
-    from ..tools_common import codebase_of, fail, load_config
+    from ..tools_common import fail
     from .measure import peak_extra_memory, tensor_bytes, time_calls
-    from .model_and_batch import build_model, dummy_data_batch, parse_shape
+    from .model_and_batch import config_model_and_shape, dummy_data_batch
     if mode not in MODES:
         raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
     if batch < 1 or iters < 1 or warmup < 0:
@@ -42,12 +42,7 @@ def benchmark(config, shape: Optional[Sequence[int]] = None, batch: int = 1, war
                          f'{warmup}')
     if torch.device(device).type == 'cuda' and not torch.cuda.is_available():
         fail(f'--device {device} asked for, but CUDA is not available here')
-    cfg = load_config(config, cfg_options)
-    codebase = codebase_of(cfg)
-    shape = parse_shape(shape, codebase)
-    if model is None:
-        model = build_model(cfg, device)
-    model.eval()
+    cfg, codebase, shape, model = config_model_and_shape(config, shape, device, cfg_options, model)
 
     def one_iteration():
         # a fresh batch each time: predict writes its results into the data samples
