@@ -11,7 +11,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmplugin_inline.core import nlc_to_nchw
 from mmplugin_inline.models.layers import (check_with_cp, contiguous_map, parse_block_types,
-                                           stochastic_depth_rates)
+                                           stochastic_depth_rates, valid_sizes_of)
 from mmplugin_inline.registry import MODELS
 from mmplugin_inline.weights import load_pretrained
 
@@ -104,6 +104,15 @@ class InLineBackbone(BaseModule):
     ``init_cfg=dict(type='Pretrained', checkpoint=PATH)`` loads the authors' released
     classification checkpoint (see :mod:`mmplugin_inline.weights.convert`).
 
+    ``pad_aware`` (default False: the authors' outputs): an image's features do not
+    depend on the padding of its batch. ``forward(x, valid_hw=None)`` then takes each
+    image's valid (h, w) in pixels (a list of pairs or a [B, 2] LongTensor), or reads
+    them from the input's ``inline_valid_hw`` attribute (set by the plugin's data
+    preprocessors, :mod:`mmplugin_inline.models.data_preprocessors`); the padded tokens
+    stay out of every statistic and spatial op, stage by stage, and are zero in the
+    outputs (``docs/padding_aware.md``). Without known sizes, or when no image is
+    padded, the default path runs.
+
     ``forward`` starts with :meth:`_check_input` (a float ``[B, in_channels, H, W]``
     batch, not empty). ``check_finite=True`` (off by default: it reads every value)
     also stops at the first NaN / Inf, naming where it appeared: the input, the stem
@@ -118,8 +127,10 @@ class InLineBackbone(BaseModule):
     checkpoint_buffers: Optional[str] = None
 
     def __init__(self, frozen_stages: int = -1, norm_eval: bool = False, with_cp=False,
-                 init_cfg=None, in_channels: int = 3, check_finite: bool = False):
+                 init_cfg=None, in_channels: int = 3, check_finite: bool = False,
+                 pad_aware: bool = False):
         super().__init__(init_cfg=init_cfg)
+        self.pad_aware = bool(pad_aware)
         self.frozen_stages, self.norm_eval = frozen_stages, norm_eval
         self.with_cp = check_with_cp(with_cp, type(self).__name__)
         self.in_channels, self.check_finite = in_channels, check_finite
@@ -171,11 +182,31 @@ class InLineBackbone(BaseModule):
     def _out_norms_of(self, i: int) -> list:
         return [getattr(self, f'norm{i}')] if self.out_norm and i in self.out_indices else []
 
-    def _output(self, i: int, x, hw):
-        """Stage ``i``'s tokens [B, N, C] as the (normed), contiguous NCHW output."""
+    def _output(self, i: int, x, hw, valid=None):
+        """Stage ``i``'s tokens [B, N, C] as the (normed), contiguous NCHW output; in
+        pad-aware mode (``valid``) zero outside each image's real tokens."""
         for norm in self._out_norms_of(i):
             x = norm(x)
+        if valid is not None:
+            x = valid.zero(x)
         return contiguous_map(nlc_to_nchw(x, hw))
+
+    def _valid_pixels(self, x: torch.Tensor, valid_hw=None):
+        """Pad-aware mode: the pixel :class:`~mmplugin_inline.models.layers.ValidGrid`
+        of the batch ``x`` (None when the mode is off, no sizes are known or nothing is
+        padded: the default path)."""
+        if not self.pad_aware:
+            if valid_hw is not None:
+                raise ValueError(f'{type(self).__name__}: valid_hw is read in pad-aware mode '
+                                 'only; build the backbone with pad_aware=True')
+            return None
+        return valid_sizes_of(x, valid_hw)
+
+    @staticmethod
+    def _stem_input(x: torch.Tensor, valid):
+        """The input with its padding zeroed (pad-aware mode), as the stem's own zero
+        padding of an image alone; unchanged when ``valid`` is None."""
+        return x if valid is None else valid.zero_map(x)
 
     def _final_norm_to_last_out_norm(self, sd: dict) -> dict:
         """A released checkpoint's final norm initialises the last output norm."""

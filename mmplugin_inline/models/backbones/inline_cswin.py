@@ -62,6 +62,8 @@ class InLineCSWinTransformer(InLineBackbone):
         frozen_stages, norm_eval, init_cfg, check_finite: see :class:`InLineBackbone`.
         with_cp (bool | str): see :class:`InLineBackbone`. Default: False.
         norm_cfg (dict): Default: ``dict(type='LN')``.
+        pad_aware (bool): padded tokens kept out, per image (see :class:`InLineBackbone`).
+            Default: False.
 
     Outputs: tuple of NCHW maps with ``embed_dim * 2**i`` channels at stride ``4 * 2**i``.
     """
@@ -91,9 +93,9 @@ class InLineCSWinTransformer(InLineBackbone):
                  split_size=(1, 2, 7, 7), mlp_ratio=4.0, qkv_bias=True, drop_rate=0.0,
                  drop_path_rate=0.2, out_indices=(0, 1, 2, 3), out_norm=True, frozen_stages=-1,
                  norm_eval=False, with_cp=False, norm_cfg=dict(type='LN'),
-                 act_cfg=dict(type='GELU'), init_cfg=None, check_finite=False):
+                 act_cfg=dict(type='GELU'), init_cfg=None, check_finite=False, pad_aware=False):
         super().__init__(frozen_stages, norm_eval, with_cp, init_cfg, in_channels,
-                         check_finite)
+                         check_finite, pad_aware)
         cfg = resolve_arch(arch, self.arch_settings, 'InLineCSWinTransformer',
                            ('embed_dim', 'depths', 'num_heads'))
         depths = cfg['depths']
@@ -129,17 +131,24 @@ class InLineCSWinTransformer(InLineBackbone):
         sd = rename_keys(sd, [(r'^(stage\d+\.\d+)\.(qkv|proj|attns)\.', r'\1.attn.\2.')])
         return sd if model is None else model._final_norm_to_last_out_norm(sd)
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """x: [B, C_in, H, W] -> tuple of NCHW maps (see class docstring)."""
+    def forward(self, x: torch.Tensor, valid_hw=None) -> Tuple[torch.Tensor, ...]:
+        """x: [B, C_in, H, W] -> tuple of NCHW maps (see class docstring); ``valid_hw``:
+        each image's valid (h, w) in pad-aware mode (see :class:`InLineBackbone`)."""
         self._check_input(x)
-        x, hw = self.stage1_conv_embed(x)
+        valid = self._valid_pixels(x, valid_hw)
+        # the stem pads to a multiple of 4, then a 7x7 conv of stride 4: ceil(size / 4)
+        x, hw = self.stage1_conv_embed(self._stem_input(x, valid))
+        if valid is not None:
+            valid = valid.down(4, hw)
         self._check_finite(x, 0)
         outs = []
         for i in range(max(self.out_indices) + 1):
-            if i > 0:
+            if i > 0:  # 3x3 conv of stride 2, padding 1: ceil(size / 2)
                 x, hw = getattr(self, f'merge{i}')(x, hw)
-            x = run_blocks(getattr(self, f'stage{i + 1}'), x, hw, self.with_cp)
+                if valid is not None:
+                    valid = valid.down(2, hw)
+            x = run_blocks(getattr(self, f'stage{i + 1}'), x, hw, self.with_cp, valid)
             self._check_finite(x, i + 1)
             if i in self.out_indices:
-                outs.append(self._output(i, x, hw))
+                outs.append(self._output(i, x, hw, valid))
         return tuple(outs)

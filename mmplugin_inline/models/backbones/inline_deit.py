@@ -8,8 +8,8 @@ from mmengine.logging import print_log
 
 from mmplugin_inline.core import nlc_to_nchw
 from mmplugin_inline.models.layers import (INLINE, GlobalAttention, PatchEmbed, TransformerBlock,
-                                           contiguous_map, resize_pos_embed, run_blocks,
-                                           stochastic_depth_rates)
+                                           contiguous_map, place_pos_embed, resize_pos_embed,
+                                           run_blocks, stochastic_depth_rates)
 from mmplugin_inline.registry import MODELS
 
 from .base import InLineBackbone, normalize_out_indices, resolve_arch
@@ -50,6 +50,9 @@ class InLineDeiT(InLineBackbone):
             (``check_finite`` counts blocks: block k is ``blocks[k - 1]``).
         with_cp (bool | str): see :class:`InLineBackbone`. Default: False.
         norm_cfg (dict): Default: ``dict(type='LN', eps=1e-6)``.
+        pad_aware (bool): padded tokens kept out, per image (see :class:`InLineBackbone`);
+            the cls token counts as real, and the position embedding is resized to each
+            image's own grid. Default: False.
     """
     arch_settings = {
         't': dict(embed_dim=192, depth=12, num_heads=6, pretrain_img_size=224),
@@ -78,9 +81,9 @@ class InLineDeiT(InLineBackbone):
                  drop_path_rate=0.1, out_indices=(3, 5, 7, 11), final_norm=False,
                  frozen_stages=-1, norm_eval=False, with_cp=False,
                  norm_cfg=dict(type='LN', eps=1e-6), act_cfg=dict(type='GELU'), init_cfg=None,
-                 check_finite=False):
+                 check_finite=False, pad_aware=False):
         super().__init__(frozen_stages, norm_eval, with_cp, init_cfg, in_channels,
-                         check_finite)
+                         check_finite, pad_aware)
         cfg = resolve_arch(arch, self.arch_settings, 'InLineDeiT',
                            ('embed_dim', 'depth', 'num_heads'))
         dim, depth = cfg['embed_dim'], cfg['depth']
@@ -139,28 +142,43 @@ class InLineDeiT(InLineBackbone):
                                                mode='bicubic')
         return sd
 
-    def forward_tokens(self, x: torch.Tensor):
+    def forward_tokens(self, x: torch.Tensor, valid_hw=None):
         """Run the model; return ([B, 1 + N, C] after each out block, grid (H', W'), final)."""
+        return self._run(x, valid_hw)[:3]
+
+    def _run(self, x: torch.Tensor, valid_hw=None):
+        """:meth:`forward_tokens`, plus the token grid of pad-aware mode (or None)."""
         self._check_input(x)
-        x, hw = self.patch_embed(x)
+        valid = self._valid_pixels(x, valid_hw)
+        x, hw = self.patch_embed(self._stem_input(x, valid))
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        x = self.pos_drop(x + resize_pos_embed(self.pos_embed, self.grid, hw, num_prefix=1,
-                                               mode='bicubic'))
+        if valid is None:
+            pos = resize_pos_embed(self.pos_embed, self.grid, hw, num_prefix=1, mode='bicubic')
+        else:  # each image's own grid, placed into the canvas
+            valid = valid.down(self.patch_embed.patch_size, hw)
+            pos = place_pos_embed(self.pos_embed, self.grid, valid, resize_pos_embed,
+                                  num_prefix=1, mode='bicubic')
+        x = self.pos_drop(x + pos)
         self._check_finite(x, 0)
         outs = []
         for j in range(max(self.out_indices) + 1):
-            x = run_blocks(self.blocks[j:j + 1], x, hw, self.with_cp)
+            x = run_blocks(self.blocks[j:j + 1], x, hw, self.with_cp, valid)
             self._check_finite(x, j + 1, 'block')
             if j in self.out_indices:
                 outs.append(x)
-        return outs, hw, x
+        return outs, hw, x, valid
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """x: [B, C_in, H, W] -> tuple of [B, embed_dim, ceil(H/16), ceil(W/16)]."""
-        outs, hw, _ = self.forward_tokens(x)
+    def forward(self, x: torch.Tensor, valid_hw=None) -> Tuple[torch.Tensor, ...]:
+        """x: [B, C_in, H, W] -> tuple of [B, embed_dim, ceil(H/16), ceil(W/16)];
+        ``valid_hw``: each image's valid (h, w) in pad-aware mode (see
+        :class:`InLineBackbone`)."""
+        outs, hw, _, valid = self._run(x, valid_hw)
         maps = []
         for j, tokens in zip(self.out_indices, outs):
             if self.final_norm and j == self.depth - 1:
                 tokens = self.norm(tokens)
-            maps.append(contiguous_map(nlc_to_nchw(tokens[:, 1:], hw)))
+            tokens = tokens[:, 1:]
+            if valid is not None:
+                tokens = valid.zero(tokens)
+            maps.append(contiguous_map(nlc_to_nchw(tokens, hw)))
         return tuple(maps)

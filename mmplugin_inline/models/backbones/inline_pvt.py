@@ -6,7 +6,7 @@ import torch.nn as nn
 
 from mmplugin_inline.core import nlc_to_nchw
 from mmplugin_inline.models.layers import (GlobalAttention, PatchEmbed, TransformerBlock,
-                                           resize_pos_embed, run_blocks)
+                                           place_pos_embed, resize_pos_embed, run_blocks)
 from mmplugin_inline.registry import MODELS
 
 from .base import InLineBackbone, resolve_arch
@@ -51,6 +51,8 @@ class InLinePVT(InLineBackbone):
         init_cfg (dict, optional): e.g. ``dict(type='Pretrained', checkpoint=PATH)``.
         check_finite (bool): stop at the first NaN / Inf (see :class:`InLineBackbone`).
             Default: False.
+        pad_aware (bool): padded tokens kept out, per image (see :class:`InLineBackbone`);
+            the position embeddings are resized to each image's own grid. Default: False.
 
     Outputs: a tuple of NCHW maps, stage i with ``embed_dims[i]`` channels at stride
     ``4 * 2**i`` (size ``ceil``-divided; any input size).
@@ -83,9 +85,9 @@ class InLinePVT(InLineBackbone):
                  pretrain_img_size=224, qkv_bias=True, drop_rate=0.0, drop_path_rate=0.1,
                  out_indices=(0, 1, 2, 3), out_norm=True, frozen_stages=-1, norm_eval=False,
                  with_cp=False, norm_cfg=dict(type='LN', eps=1e-6), act_cfg=dict(type='GELU'),
-                 init_cfg=None, check_finite=False):
+                 init_cfg=None, check_finite=False, pad_aware=False):
         super().__init__(frozen_stages, norm_eval, with_cp, init_cfg, in_channels,
-                         check_finite)
+                         check_finite, pad_aware)
         cfg = resolve_arch(arch, self.arch_settings, 'InLinePVT',
                            ('embed_dims', 'num_heads', 'mlp_ratios', 'depths'))
         sr_ratios = cfg.get('sr_ratios', _COMMON['sr_ratios'])
@@ -133,9 +135,16 @@ class InLinePVT(InLineBackbone):
                 sd[key] = resize_pos_embed(sd[key], (side, side), grid)
         return sd
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """x: [B, C_in, H, W] -> tuple of [B, embed_dims[i], ~H/4/2**i, ~W/4/2**i]."""
+    def forward(self, x: torch.Tensor, valid_hw=None) -> Tuple[torch.Tensor, ...]:
+        """x: [B, C_in, H, W] -> tuple of [B, embed_dims[i], ~H/4/2**i, ~W/4/2**i].
+
+        ``valid_hw``: each image's valid (h, w) in pad-aware mode (see
+        :class:`InLineBackbone`).
+        """
         self._check_input(x)
+        valid = self._valid_pixels(x, valid_hw)
+        if valid is not None:
+            return self._forward_padded(x, valid)
         outs = []
         for i in range(max(self.out_indices) + 1):  # later stages would be unused
             x, hw = getattr(self, f'patch_embed{i + 1}')(x)
@@ -147,5 +156,24 @@ class InLinePVT(InLineBackbone):
             self._check_finite(x, i + 1)
             if i in self.out_indices:
                 outs.append(self._output(i, x, hw))
+            x = nlc_to_nchw(x, hw)
+        return tuple(outs)
+
+    def _forward_padded(self, x: torch.Tensor, valid) -> Tuple[torch.Tensor, ...]:
+        """:meth:`forward` in pad-aware mode (``valid``: the pixel grid)."""
+        x = self._stem_input(x, valid)
+        outs = []
+        for i in range(max(self.out_indices) + 1):
+            x, hw = getattr(self, f'patch_embed{i + 1}')(x)
+            valid = valid.down(4 if i == 0 else 2, hw)
+            if i == 0:
+                self._check_finite(x, 0)
+            pos = place_pos_embed(getattr(self, f'pos_embed{i + 1}'), self.grid_sizes[i], valid,
+                                  resize_pos_embed)
+            x = run_blocks(getattr(self, f'block{i + 1}'), self.pos_drop(x + pos), hw,
+                           self.with_cp, valid)
+            self._check_finite(x, i + 1)
+            if i in self.out_indices:
+                outs.append(self._output(i, x, hw, valid))
             x = nlc_to_nchw(x, hw)
         return tuple(outs)

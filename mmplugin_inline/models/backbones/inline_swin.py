@@ -59,6 +59,8 @@ class InLineSwinTransformer(InLineBackbone):
         frozen_stages, norm_eval, init_cfg, check_finite: see :class:`InLineBackbone`.
         with_cp (bool | str): see :class:`InLineBackbone`. Default: False.
         norm_cfg (dict): Default: ``dict(type='LN')``.
+        pad_aware (bool): padded tokens kept out, per image (see :class:`InLineBackbone`);
+            shifted windows follow each image's own size. Default: False.
 
     Outputs: tuple of NCHW maps with ``embed_dim * 2**i`` channels at stride ``4 * 2**i``.
     """
@@ -91,9 +93,9 @@ class InLineSwinTransformer(InLineBackbone):
                  inline_window=None, mlp_ratio=4.0, qkv_bias=True, drop_rate=0.0,
                  drop_path_rate=0.2, out_indices=(0, 1, 2, 3), out_norm=True, frozen_stages=-1,
                  norm_eval=False, with_cp=False, norm_cfg=dict(type='LN'),
-                 act_cfg=dict(type='GELU'), init_cfg=None, check_finite=False):
+                 act_cfg=dict(type='GELU'), init_cfg=None, check_finite=False, pad_aware=False):
         super().__init__(frozen_stages, norm_eval, with_cp, init_cfg, in_channels,
-                         check_finite)
+                         check_finite, pad_aware)
         cfg = resolve_arch(arch, self.arch_settings, 'InLineSwinTransformer',
                            ('embed_dim', 'depths', 'num_heads'))
         depths = cfg['depths']
@@ -141,19 +143,25 @@ class InLineSwinTransformer(InLineBackbone):
                     value, (model.window_size, model.window_size), tuple(own[key].shape))
         return sd
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-        """x: [B, C_in, H, W] -> tuple of NCHW maps (see class docstring)."""
+    def forward(self, x: torch.Tensor, valid_hw=None) -> Tuple[torch.Tensor, ...]:
+        """x: [B, C_in, H, W] -> tuple of NCHW maps (see class docstring); ``valid_hw``:
+        each image's valid (h, w) in pad-aware mode (see :class:`InLineBackbone`)."""
         self._check_input(x)
-        x, hw = self.patch_embed(x)
+        valid = self._valid_pixels(x, valid_hw)
+        x, hw = self.patch_embed(self._stem_input(x, valid))
+        if valid is not None:
+            valid = valid.down(4, hw)
         self._check_finite(x, 0)
         x = self.pos_drop(x)
         outs = []
         for i in range(max(self.out_indices) + 1):
             layer = self.layers[i]
-            x = run_blocks(layer.blocks, x, hw, self.with_cp)
+            x = run_blocks(layer.blocks, x, hw, self.with_cp, valid)
             self._check_finite(x, i + 1)
             if i in self.out_indices:
-                outs.append(self._output(i, x, hw))
+                outs.append(self._output(i, x, hw, valid))
             if i < self.num_stages - 1:
                 x, hw = layer.downsample(x, hw)
+                if valid is not None:
+                    valid = valid.down(2, hw)
         return tuple(outs)

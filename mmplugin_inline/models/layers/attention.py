@@ -21,6 +21,7 @@ from mmplugin_inline.core import get_feature_map, nchw_to_nlc, nlc_to_nchw, pad_
 from .attention_kinds import (ATTN_KINDS, ATTN_TYPES, AttentionKind, ResidualKernelPredictor,
                               attention_kind, describe_attn_types, grouped_pointwise,
                               merge_heads, split_heads)
+from .padding import key_bias
 
 __all__ = ['ATTN_KINDS', 'ATTN_TYPES', 'AttentionKind', 'ResidualKernelPredictor',
            'attention_kind', 'describe_attn_types', 'grouped_pointwise', 'merge_heads',
@@ -81,8 +82,9 @@ class MultiHeadAttentionBase(nn.Module):
             key_mask (Tensor, optional): [G, N], true for real tokens (InLine in padded
                 windows): padded keys leave the InLine means and ``K^T V``, and their
                 values are zeroed for the local residual (zero padding at the real
-                border). ``mean_token`` must then be the mean of the real tokens. No
-                prefix tokens with a mask.
+                border). ``mean_token`` must then be the mean of the real tokens. With
+                prefix tokens the mask covers them too ([G, num_prefix + N]; they are
+                real).
 
         Returns:
             Tensor: [G, N, C].
@@ -131,8 +133,14 @@ class GlobalAttention(MultiHeadAttentionBase):
             return (self.q(x), *self.kv(kv_source).chunk(2, dim=-1))
         return self.qkv(x).chunk(3, dim=-1)
 
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        """x: [B, num_prefix + H*W, C] (normed tokens), hw = (H, W) -> [B, N, C]."""
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int], valid=None) -> torch.Tensor:
+        """x: [B, num_prefix + H*W, C] (normed tokens), hw = (H, W) -> [B, N, C].
+
+        ``valid`` (a :class:`~.padding.ValidGrid`, pad-aware mode): the padded tokens of
+        each image are kept out of every statistic (:meth:`_forward_padded`).
+        """
+        if valid is not None:
+            return self._forward_padded(x, hw, valid)
         kv_source = x
         if self.sr_ratio > 1:
             # pad to whole reduction cells so maps of any size (even smaller) reduce
@@ -143,4 +151,29 @@ class GlobalAttention(MultiHeadAttentionBase):
         q, k, v = self.project(x, kv_source)
         out = self.attend(q, k, v, hw, mean_token=x.mean(dim=1) if self.kind.reads_mean_token else None,
                           num_prefix=self.num_prefix)
+        return self.proj_drop(self.proj(out))
+
+    def _forward_padded(self, x: torch.Tensor, hw: Tuple[int, int], valid) -> torch.Tensor:
+        """:meth:`forward` with each image's padded tokens masked out (pad-aware mode).
+
+        InLine: the padded keys leave the means, ``K^T V`` and N, the mean token is the
+        mean of the real tokens (prefix tokens count) and padded values are zero for the
+        local residual. Softmax: padded keys get a removing bias; with spatial reduction
+        the padded tokens are zeroed before the strided conv, so a reduced token sees
+        what the image alone gives it, and reduced tokens without a real one are masked.
+        """
+        p = self.num_prefix
+        kv_source, keys = x, valid.token_mask(p)
+        if self.sr_ratio > 1:
+            x_map, _ = pad_to_multiple(nlc_to_nchw(valid.zero(x), hw), (self.sr_ratio,) * 2,
+                                       channels_last=False)
+            reduced = self.sr(x_map)
+            kv_source = self.norm(nchw_to_nlc(reduced))
+            keys = valid.down(self.sr_ratio, reduced.shape[2:]).token_mask()
+        q, k, v = self.project(x, kv_source)
+        if self.kind.reads_mean_token:
+            out = self.attend(q, k, v, hw, mean_token=valid.mean(x, p), num_prefix=p,
+                              key_mask=keys)
+        else:
+            out = self.attend(q, k, v, hw, num_prefix=p, bias=key_bias(keys, q.dtype))
         return self.proj_drop(self.proj(out))

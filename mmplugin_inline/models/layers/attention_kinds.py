@@ -142,8 +142,8 @@ class InLineKind(AttentionKind):
         weights = module.residual(mean_token)                        # [G, C, 3, 3]
         g, _, c = v.shape
         v = v[:, num_prefix:]
-        if key_mask is not None:
-            v = v * key_mask.unsqueeze(-1).to(v.dtype)               # padded V -> 0
+        if key_mask is not None:  # padded V -> 0 (the prefix tokens' mask entries skipped)
+            v = v * key_mask[:, num_prefix:].unsqueeze(-1).to(v.dtype)
         if not fast_paths_enabled():  # the NCHW grouped convolution, then a concatenation
             res = nchw_to_nlc(local_residual(nlc_to_nchw(v, hw), weights))
             if num_prefix:

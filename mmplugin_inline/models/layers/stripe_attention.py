@@ -11,6 +11,7 @@ from mmplugin_inline.core import (crop_to, fast_paths_enabled, nchw_to_nlc, nlc_
                                   pad_to_multiple, stripe_partition, stripe_reverse, stripe_shape)
 
 from .attention import MultiHeadAttentionBase, attention_kind, check_heads
+from .padding import key_bias
 from .window_attention import shifted_window_mask
 
 
@@ -32,8 +33,14 @@ class CSWinBranch(MultiHeadAttentionBase):
         self.stripe = stripe
         self.get_v = nn.Conv2d(dim, dim, kernel_size=3, stride=1, padding=1, groups=dim)
 
-    def forward(self, q, k, v, hw, mean_token):
-        """q, k, v: [B, H*W, C] of this branch's channels -> [B, H*W, C]."""
+    def forward(self, q, k, v, hw, mean_token, valid=None):
+        """q, k, v: [B, H*W, C] of this branch's channels -> [B, H*W, C].
+
+        ``valid`` (pad-aware mode, a :class:`~.padding.ValidGrid`): see
+        :meth:`_forward_padded`.
+        """
+        if valid is not None:
+            return self._forward_padded(q, k, v, hw, mean_token, valid)
         b, n, c = q.shape
         h, w = hw
         # the whole map is one vertical stripe as wide as the map: no padding, no mask
@@ -51,6 +58,34 @@ class CSWinBranch(MultiHeadAttentionBase):
         # each kind reads what it needs: InLine the mean token (its branch is the whole
         # map, never padded: no bias), softmax the padding bias
         out = self.attend(qw, kw, vw, win, mean_token=mean_token, bias=bias)
+        out = stripe_reverse(out + lepe, width, vertical, (hp, wp))
+        return crop_to(out, hw).reshape(b, n, c)
+
+    def _forward_padded(self, q, k, v, hw, mean_token, valid):
+        """Stripes over the canvas with each image's padded tokens masked.
+
+        Padded values are zeroed before LePE (a stripe's border then sees zeros, as the
+        image alone sees the conv's zero padding); padded keys leave the InLine
+        statistics (key mask; ``mean_token`` is the real tokens' mean) or get a removing
+        softmax bias. Stripes start at the top left in both cases, so the image's
+        stripes are the same alone and in the canvas.
+        """
+        b, n, c = q.shape
+        h, w = hw
+        width, vertical = self.stripe if self.stripe is not None else (w, True)
+        multiple = stripe_shape((1, 1), width, vertical)
+        v = valid.zero(v)
+        maps = [pad_to_multiple(t.view(b, h, w, c), multiple)[0] for t in (q, k, v)]
+        real, _ = pad_to_multiple(valid.map_mask().unsqueeze(-1).to(q.dtype), multiple)
+        hp, wp = maps[0].shape[1:3]
+        win = stripe_shape((hp, wp), width, vertical)
+        qw, kw, vw = (stripe_partition(t, width, vertical) for t in maps)   # [G, Nw, C]
+        keys = stripe_partition(real, width, vertical).squeeze(-1) > 0     # [G, Nw]
+        lepe = self.lepe(vw, win)
+        if self.kind.reads_mean_token:
+            out = self.attend(qw, kw, vw, win, mean_token=mean_token, key_mask=keys)
+        else:
+            out = self.attend(qw, kw, vw, win, bias=key_bias(keys, qw.dtype))
         out = stripe_reverse(out + lepe, width, vertical, (hp, wp))
         return crop_to(out, hw).reshape(b, n, c)
 
@@ -104,8 +139,11 @@ class CSWinAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x, hw, shortcut=None):
-        """x: normed [B, H*W, C]; shortcut: the block input (for the mean token)."""
+    def forward(self, x, hw, shortcut=None, valid=None):
+        """x: normed [B, H*W, C]; shortcut: the block input (for the mean token); valid:
+        the per-image real tokens in pad-aware mode (:class:`~.padding.ValidGrid`)."""
+        if valid is not None:
+            return self._forward_padded(x, hw, shortcut, valid)
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         # only InLine branches read the mean token (one branch over the whole map)
         mean = (shortcut if shortcut is not None else x).mean(dim=1) \
@@ -114,5 +152,18 @@ class CSWinAttention(nn.Module):
             return self.proj_drop(self.proj(self.attns[0](q, k, v, hw, mean)))
         split = [t.chunk(2, dim=-1) for t in (q, k, v)]
         out = torch.cat([branch(split[0][i], split[1][i], split[2][i], hw, None)
+                         for i, branch in enumerate(self.attns)], dim=-1)
+        return self.proj_drop(self.proj(out))
+
+    def _forward_padded(self, x, hw, shortcut, valid):
+        """:meth:`forward` in pad-aware mode: the mean token over the real tokens, and
+        each branch masks the padded ones (:meth:`CSWinBranch._forward_padded`)."""
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        mean = valid.mean(shortcut if shortcut is not None else x) \
+            if self.attns[0].kind.reads_mean_token else None
+        if len(self.attns) == 1:
+            return self.proj_drop(self.proj(self.attns[0](q, k, v, hw, mean, valid)))
+        split = [t.chunk(2, dim=-1) for t in (q, k, v)]
+        out = torch.cat([branch(split[0][i], split[1][i], split[2][i], hw, None, valid)
                          for i, branch in enumerate(self.attns)], dim=-1)
         return self.proj_drop(self.proj(out))

@@ -180,8 +180,10 @@ class WindowAttention(MultiHeadAttentionBase):
         """q, k, v of the window tokens ``x``, each [G, N, C]."""
         return self.qkv(x).chunk(3, dim=-1)
 
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        """x: [B, H*W, C] -> [B, H*W, C]."""
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int], valid=None) -> torch.Tensor:
+        """x: [B, H*W, C] -> [B, H*W, C]; ``valid``: see :meth:`_forward_padded`."""
+        if valid is not None:
+            return self._forward_padded(x, hw, valid)
         if self.kind.reads_mean_token and fast_paths_enabled():
             return self._inline_windows(x, hw)
         b, n, c = x.shape
@@ -234,6 +236,60 @@ class WindowAttention(MultiHeadAttentionBase):
         count = ws * ws if valid is None else valid.sum(dim=1, keepdim=True).to(x.dtype)
         out = self.attend(q, k, v, (ws, ws), mean_token=sums / count, key_mask=valid)
         out = crop_to(window_reverse(out, (ws, ws), (hp, wp)), hw).reshape(b, n, c)
+        return self.proj_drop(self.proj(out))
+
+    def _forward_padded(self, x: torch.Tensor, hw: Tuple[int, int], valid) -> torch.Tensor:
+        """Pad-aware windows: each image's padded tokens are masked per image.
+
+        The shift follows each image's own size (an image no larger than one window in
+        its short side gets none, as it would alone); images that differ are attended in
+        two groups. With its padded keys masked, a shifted image gives in a larger canvas
+        what it gives alone: the windows are offset by the same shift from the top left,
+        and the roll's wrap-around lands in masked padding or another region.
+        """
+        ws = self.window_size
+        shifts = [ws // 2 if self.shift and min(s) > ws else 0 for s in valid.sizes]
+        if len(set(shifts)) == 1:
+            return self._padded_windows(x, hw, valid.map_mask(), shifts[0])
+        out = torch.empty_like(x)
+        mask = valid.map_mask()
+        for shift in sorted(set(shifts)):
+            idx = torch.tensor([i for i, s in enumerate(shifts) if s == shift], device=x.device)
+            out[idx] = self._padded_windows(x[idx], hw, mask[idx], shift)
+        return out
+
+    def _padded_windows(self, x, hw, mask, shift: int) -> torch.Tensor:
+        """Windows over the canvas with the per-image token mask ``mask`` [B, H, W]."""
+        b, n, c = x.shape
+        ws = self.window_size
+        xm, _ = pad_to_multiple(x.view(b, *hw, c), (ws, ws))
+        real, _ = pad_to_multiple(mask.unsqueeze(-1).to(x.dtype), (ws, ws))
+        hp, wp = xm.shape[1:3]
+        if shift:
+            xm, real = (torch.roll(t, shifts=(-shift, -shift), dims=(1, 2)) for t in (xm, real))
+        windows = window_partition(xm, (ws, ws))                      # [B*nW, ws*ws, C]
+        keys = window_partition(real, (ws, ws)).squeeze(-1) > 0       # [B*nW, ws*ws]
+        q, k, v = self.project(windows)
+        if self.kind.reads_mean_token:  # InLine: the real tokens' statistics per window
+            count = keys.sum(dim=1, keepdim=True).clamp_min(1).to(x.dtype)
+            mean_token = torch.where(keys.unsqueeze(-1), windows, 0.0).sum(dim=1) / count
+            out = self.attend(q, k, v, (ws, ws), mean_token=mean_token, key_mask=keys)
+        else:  # softmax: the shift's region mask and each image's padded keys
+            region = shifted_window_mask((hp, wp), (hp, wp), (ws, ws), (shift, shift), x.device)
+            nw = keys.shape[0] // b
+            removed = ~keys.view(b, nw, 1, -1)
+            if region is not None:
+                removed = removed | (region != 0).unsqueeze(0)
+            bias = torch.zeros(removed.shape, dtype=q.dtype, device=x.device)
+            bias = bias.masked_fill_(removed, MASK_VALUE).flatten(0, 1).unsqueeze(1)
+            if self.use_rel_pos:
+                rel = self.relative_position_bias_table[self.relative_position_index.view(-1)]
+                bias = bias + rel.view(ws * ws, ws * ws, -1).permute(2, 0, 1).to(q.dtype)
+            out = self.attend(q, k, v, bias=bias)
+        out = window_reverse(out, (ws, ws), (hp, wp))
+        if shift:
+            out = torch.roll(out, shifts=(shift, shift), dims=(1, 2))
+        out = crop_to(out, hw).reshape(b, n, c)
         return self.proj_drop(self.proj(out))
 
     def _softmax_windows(self, q, k, v, mask, batch):
