@@ -9,7 +9,7 @@ synthetic shapes data, for runs of tools/.
 import os.path as osp
 import pprint
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from .paths import REPO  # noqa: E402,F401 (imported from here by the tests)
 CONFIGS = osp.join(REPO, 'configs')
 SHAPES = ('circle', 'square', 'triangle')
 

@@ -12,8 +12,9 @@ from mmplugin_inline.models.backbones.base import preset_key
 from mmplugin_inline.registry import MODELS
 
 from helpers.tiny_models import TINY_BACKBONES
+from helpers.paths import DATA as TEST_DATA
 
-DATA = os.path.join(os.path.dirname(__file__), 'data', 'reference', 'state_dict_keys')
+DATA = os.path.join(TEST_DATA, 'reference', 'state_dict_keys')
 FAMILIES = sorted(registered_families())
 
 SMALL = {

@@ -5,8 +5,9 @@ import subprocess
 
 import mmcv
 import pytest
+from helpers.paths import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO
 
 
 @pytest.mark.slow
