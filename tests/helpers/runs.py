@@ -3,6 +3,7 @@ share; a tool's insides are imported from ``mmplugin_inline.cli`` and the packag
 import glob
 import os
 import os.path as osp
+import shutil
 import signal
 import socket
 import subprocess
@@ -145,3 +146,27 @@ def tool_failure(main, argv, capsys):
     out, err = capsys.readouterr()
     assert 'Traceback' not in out + err
     return err
+
+
+def truncate(path, keep=0.5):
+    with open(path, 'rb') as f:
+        data = f.read()
+    with open(path, 'wb') as f:
+        f.write(data[:int(len(data) * keep)])
+
+
+def work_dir_of_a_cut_save(work, pointer, ref=None):
+    """A work directory as a run killed while saving iter_9.pth leaves it: iter_3 and
+    iter_6 complete, iter_9.pth truncated (and the newest file), ``last_checkpoint``
+    naming ``pointer``. The checkpoints are ``ref``'s, or small torch.save files."""
+    import torch
+    os.makedirs(work)
+    for it in (3, 6, 9):
+        if ref is None:
+            torch.save({'meta': {'iter': it}, 'state_dict': {'w': torch.full((64,), it)}},
+                       work / f'iter_{it}.pth')
+        else:
+            shutil.copy(ref / f'iter_{it}.pth', work / f'iter_{it}.pth')
+        os.utime(work / f'iter_{it}.pth', (time.time() + it, time.time() + it))
+    truncate(work / 'iter_9.pth')
+    (work / 'last_checkpoint').write_text(str(work / pointer))
