@@ -15,8 +15,8 @@ import torch
 from mmplugin_inline.analysis.scalars import scalars_files
 from mmplugin_inline.cli import analyze_logs, browse_dataset, confusion_matrix, print_config
 
-from helpers.runs import DET_CONFIG, PYTHON, SEG_CONFIG, ok, run_tool, tool_failure
-from helpers.tiny_models import REPO, SHAPES, det_run_config, seg_run_config
+from helpers.runs import DET_CONFIG, SEG_CONFIG, tool_failure
+from helpers.tiny_models import SHAPES, det_run_config, seg_run_config
 
 
 
@@ -257,18 +257,11 @@ def test_segmentation_confusion_matrix_of_known_label_maps(run_configs, shapes, 
 # --------------------------------------------------------------------------- end to end
 
 @pytest.mark.slow
-def test_train_log_curves_and_confusion_matrix_of_a_test_run(run_configs, shapes, tmp_path,
+def test_train_log_curves_and_confusion_matrix_of_a_test_run(det_run, shapes, tmp_path,
                                                              headless, capsys):
     """A real run: the json log tools/train.py writes read by analyze_logs, the .pkl of
-    tools/test.py --out read by confusion_matrix (train and test as subprocesses)."""
-    config, work = run_configs[0], str(tmp_path / 'work')
-    rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/train.py'), config, '--work-dir', work])
-    ok(rc, out)
-    preds = str(tmp_path / 'preds.pkl')
-    rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/test.py'), config,
-                           osp.join(work, 'epoch_1.pth'), '--work-dir', str(tmp_path / 'test'),
-                           '--out', preds])
-    ok(rc, out)
+    tools/test.py --out read by confusion_matrix (the shared run of conftest.det_run)."""
+    config, work, preds = det_run.config, det_run.work, det_run.preds
 
     [log] = scalars_files(work)
     curves = str(tmp_path / 'curves.png')
@@ -293,20 +286,12 @@ def test_train_log_curves_and_confusion_matrix_of_a_test_run(run_configs, shapes
 
 @pytest.mark.slow
 def test_segmentation_confusion_matrix_of_a_test_run_agrees_with_its_metrics(
-        run_configs, tmp_path, headless):
+        seg_run, tmp_path, headless):
     """tools/test.py --out DIR (label maps in the dataset's numbering, written by mmseg's
-    IoUMetric) read back: the matrix's accuracy is the aAcc the same run reported."""
-    from mmplugin_inline.analysis import build_model
-    from mmplugin_inline.tools_common import load_config
-    config = run_configs[1]
-    torch.manual_seed(0)
-    weights = str(tmp_path / 'random.pth')
-    torch.save({'state_dict': build_model(load_config(config)).state_dict()}, weights)
-    preds = str(tmp_path / 'preds')
-    rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/test.py'), config, weights,
-                           '--work-dir', str(tmp_path / 'test'), '--out', preds])
-    ok(rc, out)
-    [metrics] = glob.glob(osp.join(str(tmp_path / 'test'), '*', '2*.json'))
+    IoUMetric) read back: the matrix's accuracy is the aAcc the same run reported (the
+    shared run of conftest.seg_run)."""
+    config, preds = seg_run.config, seg_run.preds
+    [metrics] = glob.glob(osp.join(seg_run.test_dir, '*', '2*.json'))
     with open(metrics) as f:
         a_acc = json.load(f)['aAcc']
     matrix = confusion_matrix.main([config, preds, str(tmp_path / 'cm')])
