@@ -3,6 +3,7 @@
 ``shapes``, ``det_run`` and ``seg_run`` are made once per pytest run (also across
 pytest-xdist workers, see ``helpers.shared``) and are read-only for the tests.
 """
+import os
 import os.path as osp
 from types import SimpleNamespace
 
@@ -13,6 +14,12 @@ from mmplugin_inline.weights import load_run_checkpoint
 from helpers.runs import DET_CONFIG, PYTHON, SEG_CONFIG, make_shapes, ok, run_tool
 from helpers.shared import shared_dir
 from helpers.tiny_models import REPO, det_run_config, seg_run_config
+
+
+def pytest_configure(config):
+    if os.environ.get('PYTEST_XDIST_WORKER'):  # 2 workers on 2 cores: one thread each
+        import torch
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope='session')

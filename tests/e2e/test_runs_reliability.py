@@ -13,6 +13,9 @@ from helpers.runs import (PYTHON, kill_when_logged, max_weight_difference, ok, r
 from helpers.tiny_models import REPO
 from helpers.tool_configs import resumable_mask_rcnn
 
+# one pytest-xdist worker runs this file's tests: they share the reference run (a module fixture)
+pytestmark = pytest.mark.xdist_group('reliability')
+
 ITERS, INTERVAL = 20, 3
 TIMEOUT = 900  # s per tool run: generous for a loaded 2-core machine
 SEED = ['--cfg-options', 'randomness.seed=7', 'randomness.deterministic=True']

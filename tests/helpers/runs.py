@@ -19,11 +19,13 @@ from .tiny_models import REPO
 PYTHON = sys.executable
 DET_CONFIG = osp.join(REPO, 'configs/inline_pvt/mask-rcnn_inline-pvt-t_fpn_1x_coco.py')
 SEG_CONFIG = osp.join(REPO, 'configs/inline_swin/upernet_inline-swin-t_8xb2-160k_ade20k-512x512.py')
+# threads of a tool run: the 2 cores, or 1 under pytest-xdist (2 workers share them)
+THREADS = '1' if os.environ.get('PYTEST_XDIST_WORKER') else '2'
 
 
 def run_tool(args, cwd=REPO, timeout=300, env=None):
     """Run a tool as a subprocess; return (returncode, stdout + stderr, stderr)."""
-    full_env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS='2')
+    full_env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS=THREADS)
     full_env.update(env or {})
     proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env=full_env)
@@ -66,7 +68,7 @@ def kill_when_logged(args, needle: str, cwd=REPO, timeout=300, env=None, tree=Fa
     contains ``needle``; return (returncode, output). The output read after the kill
     (what the pipe still held) is included. ``tree``: its child processes are killed
     too, at the same moment (torchrun starts each worker in a session of its own)."""
-    full_env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS='2')
+    full_env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS=THREADS)
     full_env.update(env or {})
     proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=full_env)
