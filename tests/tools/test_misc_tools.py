@@ -26,6 +26,23 @@ def headless(monkeypatch):
     monkeypatch.delenv('WAYLAND_DISPLAY', raising=False)
 
 
+@pytest.fixture
+def fresh_visualizers(monkeypatch):
+    """No visualizer instance made so far in this process, as in the tool's own process.
+
+    The scripts build theirs by name (``VISUALIZERS.build`` of ``name='visualizer'``
+    returns the instance of that name if there is one): an inferencer of an earlier test in
+    the same pytest process may hold it, with its own opacity (which of them ran before
+    depends on the test order, e.g. on how pytest-xdist shares the tests out)."""
+    from collections import OrderedDict
+
+    from mmengine.visualization import Visualizer
+    from mmdet.visualization import DetLocalVisualizer
+    from mmseg.visualization import SegLocalVisualizer
+    for cls in (Visualizer, DetLocalVisualizer, SegLocalVisualizer):
+        monkeypatch.setattr(cls, '_instance_dict', OrderedDict())
+
+
 @pytest.fixture(scope='module')
 def run_configs(shapes, tmp_path_factory):
     """Tiny Mask R-CNN and UperNet configs on the shapes set."""
@@ -81,7 +98,8 @@ def test_print_config_prints_and_saves_the_merged_config(config, tmp_path, monke
 
 @pytest.mark.parametrize('codebase', ['mmdet', 'mmseg'])
 def test_browse_dataset_headless_writes_the_drawn_training_set(codebase, run_configs, shapes,
-                                                               tmp_path, headless, capsys):
+                                                               tmp_path, headless, capsys,
+                                                               fresh_visualizers):
     config = run_configs[codebase == 'mmseg']
     # no resizing, cropping or flipping: the pictures line up with the images on disk
     pipeline = ("[dict(type='LoadImageFromFile'), dict(type='LoadAnnotations', with_bbox=True, "
