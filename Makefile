@@ -17,8 +17,10 @@ demo: setup
 demo-seg: setup
 	bash tools/demo.sh seg
 
+# everything (-m slow included), on two pytest-xdist workers (one torch thread each); the
+# files that share a module fixture stay on one worker (--dist loadgroup)
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 # the unit tier, to run after every change: no end-to-end runs (slow), no GPU tests
 test-fast: setup

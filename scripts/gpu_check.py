@@ -27,7 +27,7 @@ import xml.etree.ElementTree as ET
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 BENCHMARK = 'tools/analysis_tools/benchmark_backbones.py'
 #: the one benchmark case: InLine-PVT-T against mmdet's PVT-T at 800 x 1344, inference and
-#: a training step, three interleaved repeats (tests/test_cuda.py checks these are options
+#: a training step, three interleaved repeats (tests/core/test_cuda.py checks these are options
 #: the benchmark accepts)
 BENCHMARK_ARGS = ('--device cuda --families pvt --sizes 800x1344 --modes infer train '
                   '--repeats 3 --no-plots')

@@ -3,6 +3,7 @@ share; a tool's insides are imported from ``mmplugin_inline.cli`` and the packag
 import glob
 import os
 import os.path as osp
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,11 +19,13 @@ from .tiny_models import REPO
 PYTHON = sys.executable
 DET_CONFIG = osp.join(REPO, 'configs/inline_pvt/mask-rcnn_inline-pvt-t_fpn_1x_coco.py')
 SEG_CONFIG = osp.join(REPO, 'configs/inline_swin/upernet_inline-swin-t_8xb2-160k_ade20k-512x512.py')
+# threads of a tool run: the 2 cores, or 1 under pytest-xdist (2 workers share them)
+THREADS = '1' if os.environ.get('PYTEST_XDIST_WORKER') else '2'
 
 
 def run_tool(args, cwd=REPO, timeout=300, env=None):
     """Run a tool as a subprocess; return (returncode, stdout + stderr, stderr)."""
-    full_env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS='2')
+    full_env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS=THREADS)
     full_env.update(env or {})
     proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout,
                           env=full_env)
@@ -65,7 +68,7 @@ def kill_when_logged(args, needle: str, cwd=REPO, timeout=300, env=None, tree=Fa
     contains ``needle``; return (returncode, output). The output read after the kill
     (what the pipe still held) is included. ``tree``: its child processes are killed
     too, at the same moment (torchrun starts each worker in a session of its own)."""
-    full_env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS='2')
+    full_env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS=THREADS)
     full_env.update(env or {})
     proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=full_env)
@@ -145,3 +148,27 @@ def tool_failure(main, argv, capsys):
     out, err = capsys.readouterr()
     assert 'Traceback' not in out + err
     return err
+
+
+def truncate(path, keep=0.5):
+    with open(path, 'rb') as f:
+        data = f.read()
+    with open(path, 'wb') as f:
+        f.write(data[:int(len(data) * keep)])
+
+
+def work_dir_of_a_cut_save(work, pointer, ref=None):
+    """A work directory as a run killed while saving iter_9.pth leaves it: iter_3 and
+    iter_6 complete, iter_9.pth truncated (and the newest file), ``last_checkpoint``
+    naming ``pointer``. The checkpoints are ``ref``'s, or small torch.save files."""
+    import torch
+    os.makedirs(work)
+    for it in (3, 6, 9):
+        if ref is None:
+            torch.save({'meta': {'iter': it}, 'state_dict': {'w': torch.full((64,), it)}},
+                       work / f'iter_{it}.pth')
+        else:
+            shutil.copy(ref / f'iter_{it}.pth', work / f'iter_{it}.pth')
+        os.utime(work / f'iter_{it}.pth', (time.time() + it, time.time() + it))
+    truncate(work / 'iter_9.pth')
+    (work / 'last_checkpoint').write_text(str(work / pointer))

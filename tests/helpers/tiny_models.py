@@ -9,12 +9,16 @@ synthetic shapes data, for runs of tools/.
 import os.path as osp
 import pprint
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+from .paths import REPO  # noqa: E402,F401 (imported from here by the tests)
 CONFIGS = osp.join(REPO, 'configs')
 SHAPES = ('circle', 'square', 'triangle')
 
-# per backbone family (test-only sizes; tests/test_backbones.py checks that every registered
-# family has one): (tiny arch, extra backbone settings, channels of stage / block outputs)
+# The one table of the tiny models of the tests, per backbone family (tests/models/
+# test_backbones.py checks that every registered family has an entry in each):
+#
+# TINY_BACKBONES: (tiny arch, extra backbone settings, channels of stage / block outputs);
+# the backbones of the shrunk configs (``shrink_model``, the tool runs) and of the
+# per-family tests (export, compile, with_cp, AMP, fast paths, bad input)
 TINY_BACKBONES = {
     'InLinePVT': (dict(embed_dims=[16, 32, 64, 128], num_heads=[1, 2, 4, 8],
                        mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 1, 1]), {}, [16, 32, 64, 128]),
@@ -26,6 +30,22 @@ TINY_BACKBONES = {
     'InLineDeiT': (dict(embed_dim=32, depth=12, num_heads=2), dict(pretrain_img_size=64),
                    [32] * 12),
 }
+# SMALL_BACKBONES: narrower still, each with softmax or mixed blocks beside the InLine ones
+# (block_types): the backbone contract at several input sizes (tests/models/test_backbones.py)
+SMALL_BACKBONES = {
+    'InLinePVT': dict(arch=dict(embed_dims=[8, 16, 24, 32], num_heads=[1, 2, 2, 4],
+                                mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 2, 1]),
+                      block_types='IISI'),
+    'InLineSwinTransformer': dict(arch=dict(embed_dim=8, depths=[1, 1, 3, 2],
+                                            num_heads=[1, 2, 2, 4]), block_types='IIMS1'),
+    'InLineCSWinTransformer': dict(arch=dict(embed_dim=8, depths=[1, 1, 2, 1],
+                                             num_heads=[2, 2, 4, 4]), block_types='IISS'),
+    'InLineDeiT': dict(arch=dict(embed_dim=16, depth=4, num_heads=2), out_indices=(1, 3)),
+}
+# TOOL_PVT: the InLine-PVT of the tool configs written by ``helpers.tool_configs`` (Mask
+# R-CNN and Semantic FPN on mmdet's / mmseg's own bases)
+TOOL_PVT = dict(embed_dims=[16, 32, 48, 64], num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2],
+                depths=[1, 1, 1, 1])
 
 
 def config_files():

@@ -6,9 +6,10 @@ inheritance and ``custom_imports``).
 """
 import os
 
+from .tiny_models import TOOL_PVT
+
 PLUGIN = "custom_imports = dict(imports=['mmplugin_inline'], allow_failed_imports=False)\n"
-TINY_PVT = ("dict(type='InLinePVT', init_cfg=None, arch=dict(embed_dims=[16, 32, 48, 64], "
-            "num_heads=[1, 2, 3, 4], mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 1, 1]))")
+TINY_PVT = repr(dict(type='InLinePVT', init_cfg=None, arch=TOOL_PVT))  # helpers.tiny_models
 
 
 def _write(directory, name, text):
@@ -32,7 +33,7 @@ def tiny_mask_rcnn(directory):
     return _write(directory, 'tiny_mask_rcnn.py', (
         "_base_ = 'mmdet::mask_rcnn/mask-rcnn_r50_fpn_1x_coco.py'\n" + PLUGIN +
         f"model = dict(\n    backbone=dict(_delete_=True, **{TINY_PVT}),\n"
-        "    neck=dict(in_channels=[16, 32, 48, 64], out_channels=32),\n"
+        f"    neck=dict(in_channels={TOOL_PVT['embed_dims']}, out_channels=32),\n"
         "    rpn_head=dict(in_channels=32, feat_channels=32),\n"
         "    roi_head=dict(\n"
         "        bbox_roi_extractor=dict(out_channels=32),\n"
@@ -46,7 +47,7 @@ def tiny_sem_fpn(directory):
     return _write(directory, 'tiny_sem_fpn.py', (
         "_base_ = 'mmseg::sem_fpn/fpn_r50_4xb4-160k_ade20k-512x512.py'\n" + PLUGIN +
         f"model = dict(\n    pretrained=None,\n    backbone=dict(_delete_=True, **{TINY_PVT}),\n"
-        "    neck=dict(in_channels=[16, 32, 48, 64], out_channels=32),\n"
+        f"    neck=dict(in_channels={TOOL_PVT['embed_dims']}, out_channels=32),\n"
         "    decode_head=dict(in_channels=[32, 32, 32, 32], channels=32))\n"))
 
 

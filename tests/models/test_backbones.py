@@ -11,21 +11,12 @@ from mmplugin_inline.registry import registered_families
 from mmplugin_inline.models.backbones.base import preset_key
 from mmplugin_inline.registry import MODELS
 
-from helpers.tiny_models import TINY_BACKBONES
+from helpers.tiny_models import SMALL_BACKBONES as SMALL, TINY_BACKBONES
+from helpers.paths import DATA as TEST_DATA
 
-DATA = os.path.join(os.path.dirname(__file__), 'data', 'reference', 'state_dict_keys')
+DATA = os.path.join(TEST_DATA, 'reference', 'state_dict_keys')
 FAMILIES = sorted(registered_families())
 
-SMALL = {
-    'InLinePVT': dict(arch=dict(embed_dims=[8, 16, 24, 32], num_heads=[1, 2, 2, 4],
-                                mlp_ratios=[2, 2, 2, 2], depths=[1, 1, 2, 1]),
-                      block_types='IISI'),
-    'InLineSwinTransformer': dict(arch=dict(embed_dim=8, depths=[1, 1, 3, 2],
-                                            num_heads=[1, 2, 2, 4]), block_types='IIMS1'),
-    'InLineCSWinTransformer': dict(arch=dict(embed_dim=8, depths=[1, 1, 2, 1],
-                                             num_heads=[2, 2, 4, 4]), block_types='IISS'),
-    'InLineDeiT': dict(arch=dict(embed_dim=16, depth=4, num_heads=2), out_indices=(1, 3)),
-}
 STRIDES = {'InLineDeiT': [16, 16]}
 SIZES = [(224, 224), (112, 137), (511, 511)]
 

@@ -1,5 +1,7 @@
 """Distributed training without ``find_unused_parameters``: every parameter of the model
-must get a gradient in every step, else DDP stops at the start of the second one."""
+must get a gradient in every step, else DDP stops at the start of the second one. The
+launch is also the test of ``tools/dist_train.sh`` with two CPU processes
+(``helpers.runs.dist_train_two_processes``: distributed, 2 steps an epoch, saved)."""
 import os.path as osp
 
 import pytest

@@ -1,6 +1,7 @@
 """The tools end to end on CPU: the synthetic data set, train / resume / test with real
-mmdet and mmseg pipelines, 2-process distributed training, safe checkpoint loading and
-the messages for missing files. Runs of tools/ are subprocesses, as users run them."""
+mmdet and mmseg pipelines (on the shared runs of tests/conftest.py), safe checkpoint
+loading and the messages for missing files (2-process training: tests/e2e/test_ddp.py).
+Runs of tools/ are subprocesses, as users run them."""
 import glob
 import json
 import os
@@ -19,10 +20,10 @@ from mmplugin_inline.engine.preflight import dataset_problems, format_problems, 
 from mmplugin_inline.tools_common import load_run_config, load_tool_config
 
 from helpers.pickles import writes_marker
-from helpers.runs import (DET_CONFIG, PYTHON, SEG_CONFIG, checkpoint_meta,
-                          dist_train_two_processes, make_shapes, ok, run_tool,
-                          tool_failure)
-from helpers.tiny_models import REPO, SHAPES, det_run_config, seg_run_config
+from helpers.runs import (DET_CONFIG, PYTHON, SEG_CONFIG, checkpoint_meta, make_shapes, ok,
+                          run_tool, tool_failure)
+from helpers.shared import copy_run
+from helpers.tiny_models import REPO, SHAPES, det_run_config
 
 
 
@@ -304,65 +305,51 @@ def test_train_and_test_explain_missing_data_and_weights_without_a_traceback(tmp
 # --------------------------------------------------------------------------- end to end
 
 @pytest.mark.slow
-def test_mask_rcnn_train_resume_and_test(shapes, tmp_path):
-    config = tmp_path / 'mask-rcnn_tiny.py'
-    config.write_text(det_run_config(DET_CONFIG, shapes + '/'))
-    work = str(tmp_path / 'work')
-    train = [PYTHON, osp.join(REPO, 'tools/train.py'), str(config), '--work-dir', work]
-
-    rc, out, _ = run_tool(train)  # 1 epoch: 4 images, batch 2
-    ok(rc, out)
-    assert checkpoint_meta(osp.join(work, 'epoch_1.pth'))['iter'] == 2
-    val = [s for s in read_scalars(work) if 'coco/bbox_mAP' in s]
+def test_mask_rcnn_train_resume_and_test(det_run, tmp_path):
+    # the shared run (conftest.det_run): tools/train.py, 1 epoch of 4 images, batch 2
+    assert checkpoint_meta(det_run.checkpoint)['iter'] == 2
+    val = [s for s in read_scalars(det_run.work) if 'coco/bbox_mAP' in s]
     assert len(val) == 1 and 'coco/segm_mAP' in val[0]
 
-    rc, out, _ = run_tool(train + ['--resume', osp.join(work, 'epoch_1.pth'),
-                                   '--cfg-options', 'train_cfg.max_epochs=2'])
+    work = copy_run(det_run.work, tmp_path / 'work')
+    rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/train.py'), det_run.config,
+                           '--work-dir', work, '--resume', osp.join(work, 'epoch_1.pth'),
+                           '--cfg-options', 'train_cfg.max_epochs=2'])
     ok(rc, out)
     assert 'resumed epoch: 1, iter: 2' in out
     meta = checkpoint_meta(osp.join(work, 'epoch_2.pth'))
     assert (meta['epoch'], meta['iter']) == (2, 4)
     assert meta['dataset_meta']['classes'] == SHAPES
 
-    test_dir = str(tmp_path / 'test')
-    rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/test.py'), str(config),
-                           osp.join(work, 'epoch_2.pth'), '--work-dir', test_dir,
-                           '--show-dir', 'pictures', '--out', str(tmp_path / 'preds.pkl')])
-    ok(rc, out)
+    # its tools/test.py run: --show-dir pictures --out preds.pkl
+    test_dir = det_run.test_dir
     metrics_files = glob.glob(osp.join(test_dir, '*', '2*.json'))
     assert len(metrics_files) == 1
     with open(metrics_files[0]) as f:
         metrics = json.load(f)
     assert {'coco/bbox_mAP', 'coco/segm_mAP', 'coco/bbox_mAP_50'} <= metrics.keys()
     assert len(glob.glob(osp.join(test_dir, '*', 'pictures', '*.jpg'))) == 2
-    with open(tmp_path / 'preds.pkl', 'rb') as f:
+    with open(det_run.preds, 'rb') as f:
         assert len(pickle.load(f)) == 2
 
 
 @pytest.mark.slow
-def test_upernet_train_auto_resume_and_test(shapes, tmp_path):
-    config = tmp_path / 'upernet_tiny.py'
-    config.write_text(seg_run_config(SEG_CONFIG, shapes))
-    work = str(tmp_path / 'work')
-    train = [PYTHON, osp.join(REPO, 'tools/train.py'), str(config), '--work-dir', work]
-
-    rc, out, _ = run_tool(train)  # 2 iterations, validation, checkpoint
-    ok(rc, out)
-    assert checkpoint_meta(osp.join(work, 'iter_2.pth'))['iter'] == 2
-    assert [s['mIoU'] for s in read_scalars(work) if 'mIoU' in s]
+def test_upernet_train_auto_resume_and_test(seg_run, tmp_path):
+    # the shared run (conftest.seg_run): tools/train.py, 2 iterations, validation, checkpoint
+    assert checkpoint_meta(seg_run.checkpoint)['iter'] == 2
+    assert [s['mIoU'] for s in read_scalars(seg_run.work) if 'mIoU' in s]
 
     # --resume without a path: the latest checkpoint of the work directory
-    rc, out, _ = run_tool(train + ['--resume', '--cfg-options', 'train_cfg.max_iters=4',
-                                   'default_hooks.checkpoint.interval=4'])
+    work = copy_run(seg_run.work, tmp_path / 'work')
+    rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/train.py'), seg_run.config,
+                           '--work-dir', work, '--resume', '--cfg-options',
+                           'train_cfg.max_iters=4', 'default_hooks.checkpoint.interval=4'])
     ok(rc, out)
     assert 'resumed epoch: 0, iter: 2' in out
     assert checkpoint_meta(osp.join(work, 'iter_4.pth'))['iter'] == 4
 
-    test_dir = str(tmp_path / 'test')
-    rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/test.py'), str(config),
-                           osp.join(work, 'iter_4.pth'), '--work-dir', test_dir])
-    ok(rc, out)
-    with open(glob.glob(osp.join(test_dir, '*', '2*.json'))[0]) as f:
+    # its tools/test.py run (of iter_2.pth's state dict)
+    with open(glob.glob(osp.join(seg_run.test_dir, '*', '2*.json'))[0]) as f:
         metrics = json.load(f)
     assert {'mIoU', 'aAcc', 'mAcc'} <= metrics.keys() and 0 <= metrics['mIoU'] <= 100
 
@@ -380,13 +367,6 @@ def test_load_from_a_file_that_runs_code_is_refused_by_train(shapes, tmp_path):
     assert rc == 1 and 'Traceback' not in err
     assert 'builtins.exec' in err and '--allow-unsafe' in err
     assert not osp.exists(marker)
-
-
-@pytest.mark.slow
-def test_dist_train_with_two_cpu_processes(shapes, tmp_path):
-    config = tmp_path / 'mask-rcnn_tiny.py'
-    config.write_text(det_run_config(DET_CONFIG, shapes + '/', batch_size=1))
-    dist_train_two_processes(config, str(tmp_path / 'work'))
 
 
 # --------------------------------------------------------------------------- stock tools
@@ -419,13 +399,9 @@ print('plugin imported by custom_imports:', 'mmplugin_inline' in sys.modules)
 
 
 @pytest.mark.slow
-def test_stock_runner_from_cfg_resumes_loads_and_tests_a_plugin_run(shapes, tmp_path):
-    config = tmp_path / 'upernet_tiny.py'
-    config.write_text(seg_run_config(SEG_CONFIG, shapes))
-    work = str(tmp_path / 'work')
-    rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/train.py'), str(config), '--work-dir',
-                           work])  # our tool writes the run: iter_2.pth
-    ok(rc, out)
+def test_stock_runner_from_cfg_resumes_loads_and_tests_a_plugin_run(seg_run, tmp_path):
+    config = seg_run.config
+    work = copy_run(seg_run.work, tmp_path / 'work')  # our tool wrote the run: iter_2.pth
 
     def stock(mode, *args):
         rc, out, _ = run_tool([PYTHON, '-c', _STOCK_TOOL, str(config), work, mode, *args])

@@ -20,6 +20,9 @@ from packaging.version import Version
 
 from helpers.tiny_models import REPO
 
+# one pytest-xdist worker runs this file's tests: they share the wheel metadata (a module fixture)
+pytestmark = pytest.mark.xdist_group('packaging')
+
 
 @pytest.fixture(scope='module')
 def metadata(tmp_path_factory):

@@ -5,14 +5,18 @@ import subprocess
 
 import mmcv
 import pytest
+from helpers.paths import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize('mode,metric', [('det', 'coco/segm_mAP'), ('seg', 'mIoU')])
 def test_shortened_demo_writes_metrics_and_pictures(mode, metric, tmp_path):
-    env = dict(os.environ, DEMO_TRAIN='6', DEMO_VAL='3', DEMO_BUDGET_S='6',
+    # a 12 s budget: a few training iterations even when the other xdist worker shares
+    # the 2 cores (with 6 s a det run could end before its first logged iteration, with
+    # no segm result)
+    env = dict(os.environ, DEMO_TRAIN='6', DEMO_VAL='3', DEMO_BUDGET_S='12',
                DEMO_VAL_INTERVAL='4', DEMO_DATA_DIR=str(tmp_path / 'data'),
                DEMO_WORK_DIR=str(tmp_path / 'work'))
     res = subprocess.run(['bash', 'tools/demo.sh', mode], cwd=ROOT, env=env,

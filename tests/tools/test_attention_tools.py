@@ -9,7 +9,8 @@ import pytest
 from mmplugin_inline.analysis import attention_benchmark
 from mmplugin_inline.cli import benchmark_attention as benchmark_attention_tool
 from mmplugin_inline.cli import injectivity
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers.paths import REPO
+ROOT = REPO
 
 
 def _is_png(path):

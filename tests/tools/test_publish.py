@@ -17,8 +17,8 @@ from mmplugin_inline.weights import DamagedCheckpointError, load_run_checkpoint
 from helpers.pickles import RunsCode
 from mmplugin_inline.cli import publish_model
 
-from helpers.runs import DET_CONFIG, PYTHON, SEG_CONFIG, ok, run_tool
-from helpers.tiny_models import REPO, SHAPES, det_run_config, seg_run_config
+from helpers.runs import PYTHON, ok, run_tool
+from helpers.tiny_models import REPO, SHAPES
 
 TOOL = osp.join(REPO, 'tools/model_converters/publish_model.py')
 
@@ -129,10 +129,7 @@ def test_publish_explains_bad_input_without_a_traceback(tmp_path, capsys):
 
 # --------------------------------------------------------------------------- end to end
 
-RUNS = {  # codebase: (run config, its base, data root suffix, options, checkpoint name)
-    'mmseg': (seg_run_config, SEG_CONFIG, '', dict(iters=1), 'iter_1.pth'),
-    'mmdet': (det_run_config, DET_CONFIG, '/', dict(batch_size=4), 'epoch_1.pth'),
-}
+RUNS = {'mmseg': 'seg_run', 'mmdet': 'det_run'}  # codebase: its shared run (tests/conftest.py)
 
 
 def _predict(codebase, config, weights, image):
@@ -151,19 +148,14 @@ def _predict(codebase, config, weights, image):
 
 @pytest.mark.slow
 @pytest.mark.parametrize('codebase', list(RUNS))
-def test_published_run_checkpoint_loads_plainly_and_infers(shapes, tmp_path,  # noqa: F811
-                                                           codebase):
-    make_config, base, suffix, options, name = RUNS[codebase]
-    config = tmp_path / 'tiny_run.py'
-    config.write_text(make_config(base, shapes + suffix, **options))
-    work = str(tmp_path / 'work')
-    ok(*run_tool([PYTHON, osp.join(REPO, 'tools/train.py'), str(config),
-                   '--work-dir', work])[:2])
-    trained = load_run_checkpoint(osp.join(work, name))
+def test_published_run_checkpoint_loads_plainly_and_infers(request, shapes, tmp_path, codebase):
+    run = request.getfixturevalue(RUNS[codebase])  # trained by tools/train.py
+    config = run.config
+    trained = load_run_checkpoint(run.checkpoint)
     assert {'meta', 'state_dict', 'optimizer', 'message_hub', 'param_schedulers'} <= set(trained)
 
     out_file = str(tmp_path / 'published' / 'tiny_run.pth')
-    rc, out, err = run_tool([PYTHON, TOOL, osp.join(work, name), out_file])
+    rc, out, err = run_tool([PYTHON, TOOL, run.checkpoint, out_file])
     ok(rc, out)
     stdout = out[:len(out) - len(err)]
     path = _check_published(out_file, stdout)

@@ -5,8 +5,9 @@ import sys
 
 import pytest
 import yaml
+from helpers.paths import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO
 DOCS = os.path.join(ROOT, 'docs')
 
 pytest.importorskip('sphinx')

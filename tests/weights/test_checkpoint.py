@@ -12,8 +12,9 @@ from mmplugin_inline.weights.convert import CLASSIFIER
 from mmplugin_inline.registry import MODELS
 
 from helpers.fidelity import FAMILIES, backbone_cfg, load_fixture
+from helpers.paths import REPO
 
-ROOT = __file__.rsplit('/tests/', 1)[0]
+ROOT = REPO
 
 
 def _outputs(family, path, **kw):

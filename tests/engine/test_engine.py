@@ -194,3 +194,54 @@ def test_load_from_starts_the_budget_afresh_and_resume_continues_it():
 
     hook.before_train(runner)  # resumed from a file without the state: starts again
     assert hook.elapsed() < 1 and hook._base_lrs == [0.02]
+
+
+# --------------------------------------------------------------------------- time budget, DDP
+
+def _budget_rank(rank, port, skew_s, results):
+    """One of two gloo processes running TimeBudgetHook on a stand-in runner; once
+    training has started, rank 1's clock jumps ``skew_s`` ahead (its own reading of the
+    budget is used up: a process that started its clock earlier, or was held up)."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    import torch
+    import torch.distributed as dist
+
+    from mmplugin_inline.engine import TimeBudgetHook
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
+                            world_size=2)
+    try:
+        offset = [0.0]
+        with mock.patch.object(time, 'monotonic', lambda: time.perf_counter() + offset[0]):
+            group = dict(params=[torch.zeros(1)], lr=0.1)
+            loop = SimpleNamespace(max_iters=100, _max_iters=100)
+            runner = SimpleNamespace(iter=0, train_loop=loop, logger=mock.Mock(),
+                                     optim_wrapper=SimpleNamespace(
+                                         optimizer=SimpleNamespace(param_groups=[group])))
+            hook = TimeBudgetHook(budget_s=30.0, warmup_iters=0)
+            hook.before_train(runner)
+            offset[0] = skew_s if rank == 1 else 0.0
+            seen = []
+            for it in range(3):
+                runner.iter = it
+                hook.before_train_iter(runner, it)
+                hook.after_train_iter(runner, it)
+                seen.append((group['lr'], loop._max_iters))
+        results[rank] = seen
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_time_budget_follows_rank_0_clock_under_ddp():
+    import torch.multiprocessing as mp
+
+    from helpers.runs import free_port
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_budget_rank, args=(free_port(), 1000.0, results), nprocs=2)
+        rank0, rank1 = results[0], results[1]
+    # rank 1's own clock is past the 30 s budget: alone it would stop after one iteration
+    assert rank0[0][1] > 1
+    assert rank1 == rank0  # the same learning rates and iteration ceilings on both

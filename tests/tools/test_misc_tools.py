@@ -15,8 +15,8 @@ import torch
 from mmplugin_inline.analysis.scalars import scalars_files
 from mmplugin_inline.cli import analyze_logs, browse_dataset, confusion_matrix, print_config
 
-from helpers.runs import DET_CONFIG, PYTHON, SEG_CONFIG, ok, run_tool, tool_failure
-from helpers.tiny_models import REPO, SHAPES, det_run_config, seg_run_config
+from helpers.runs import DET_CONFIG, SEG_CONFIG, tool_failure
+from helpers.tiny_models import SHAPES, det_run_config, seg_run_config
 
 
 
@@ -24,6 +24,23 @@ from helpers.tiny_models import REPO, SHAPES, det_run_config, seg_run_config
 def headless(monkeypatch):
     monkeypatch.delenv('DISPLAY', raising=False)
     monkeypatch.delenv('WAYLAND_DISPLAY', raising=False)
+
+
+@pytest.fixture
+def fresh_visualizers(monkeypatch):
+    """No visualizer instance made so far in this process, as in the tool's own process.
+
+    The scripts build theirs by name (``VISUALIZERS.build`` of ``name='visualizer'``
+    returns the instance of that name if there is one): an inferencer of an earlier test in
+    the same pytest process may hold it, with its own opacity (which of them ran before
+    depends on the test order, e.g. on how pytest-xdist shares the tests out)."""
+    from collections import OrderedDict
+
+    from mmengine.visualization import Visualizer
+    from mmdet.visualization import DetLocalVisualizer
+    from mmseg.visualization import SegLocalVisualizer
+    for cls in (Visualizer, DetLocalVisualizer, SegLocalVisualizer):
+        monkeypatch.setattr(cls, '_instance_dict', OrderedDict())
 
 
 @pytest.fixture(scope='module')
@@ -81,7 +98,8 @@ def test_print_config_prints_and_saves_the_merged_config(config, tmp_path, monke
 
 @pytest.mark.parametrize('codebase', ['mmdet', 'mmseg'])
 def test_browse_dataset_headless_writes_the_drawn_training_set(codebase, run_configs, shapes,
-                                                               tmp_path, headless, capsys):
+                                                               tmp_path, headless, capsys,
+                                                               fresh_visualizers):
     config = run_configs[codebase == 'mmseg']
     # no resizing, cropping or flipping: the pictures line up with the images on disk
     pipeline = ("[dict(type='LoadImageFromFile'), dict(type='LoadAnnotations', with_bbox=True, "
@@ -257,18 +275,11 @@ def test_segmentation_confusion_matrix_of_known_label_maps(run_configs, shapes, 
 # --------------------------------------------------------------------------- end to end
 
 @pytest.mark.slow
-def test_train_log_curves_and_confusion_matrix_of_a_test_run(run_configs, shapes, tmp_path,
+def test_train_log_curves_and_confusion_matrix_of_a_test_run(det_run, shapes, tmp_path,
                                                              headless, capsys):
     """A real run: the json log tools/train.py writes read by analyze_logs, the .pkl of
-    tools/test.py --out read by confusion_matrix (train and test as subprocesses)."""
-    config, work = run_configs[0], str(tmp_path / 'work')
-    rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/train.py'), config, '--work-dir', work])
-    ok(rc, out)
-    preds = str(tmp_path / 'preds.pkl')
-    rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/test.py'), config,
-                           osp.join(work, 'epoch_1.pth'), '--work-dir', str(tmp_path / 'test'),
-                           '--out', preds])
-    ok(rc, out)
+    tools/test.py --out read by confusion_matrix (the shared run of conftest.det_run)."""
+    config, work, preds = det_run.config, det_run.work, det_run.preds
 
     [log] = scalars_files(work)
     curves = str(tmp_path / 'curves.png')
@@ -293,20 +304,12 @@ def test_train_log_curves_and_confusion_matrix_of_a_test_run(run_configs, shapes
 
 @pytest.mark.slow
 def test_segmentation_confusion_matrix_of_a_test_run_agrees_with_its_metrics(
-        run_configs, tmp_path, headless):
+        seg_run, tmp_path, headless):
     """tools/test.py --out DIR (label maps in the dataset's numbering, written by mmseg's
-    IoUMetric) read back: the matrix's accuracy is the aAcc the same run reported."""
-    from mmplugin_inline.analysis import build_model
-    from mmplugin_inline.tools_common import load_config
-    config = run_configs[1]
-    torch.manual_seed(0)
-    weights = str(tmp_path / 'random.pth')
-    torch.save({'state_dict': build_model(load_config(config)).state_dict()}, weights)
-    preds = str(tmp_path / 'preds')
-    rc, out, _ = run_tool([PYTHON, osp.join(REPO, 'tools/test.py'), config, weights,
-                           '--work-dir', str(tmp_path / 'test'), '--out', preds])
-    ok(rc, out)
-    [metrics] = glob.glob(osp.join(str(tmp_path / 'test'), '*', '2*.json'))
+    IoUMetric) read back: the matrix's accuracy is the aAcc the same run reported (the
+    shared run of conftest.seg_run)."""
+    config, preds = seg_run.config, seg_run.preds
+    [metrics] = glob.glob(osp.join(seg_run.test_dir, '*', '2*.json'))
     with open(metrics) as f:
         a_acc = json.load(f)['aAcc']
     matrix = confusion_matrix.main([config, preds, str(tmp_path / 'cm')])

@@ -20,6 +20,9 @@ import yaml
 from helpers.runs import PYTHON, DET_CONFIG, checkpoint_meta, free_port, ok, run_tool
 from helpers.tiny_models import REPO, det_run_config
 
+# one pytest-xdist worker runs this file's tests: they share the wheel install (a module fixture)
+pytestmark = pytest.mark.xdist_group('mim')
+
 #: developer scripts (scripts/ in the repository), which the wheel's .mim/tools must not hold
 DEVELOPER_SCRIPTS = ('setup_env.sh', 'gpu_check.py', 'gen_model_index.py', 'misc/gpu_check.py',
                      'misc/gen_model_index.py')

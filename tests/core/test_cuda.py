@@ -4,11 +4,11 @@
 writes one JSON report; its behaviour without a GPU is tested here on the CPU.
 
 - the kernel against the explicit N x N definition (fp64, same rounded inputs) on the
-  GPU: fp32 to the tolerance tests/test_core.py uses, fp16 / bf16 within 3x the
-  rounding floor (the bound of tests/test_core.py's low-precision tests), forward and
+  GPU: fp32 to the tolerance tests/core/test_core.py uses, fp16 / bf16 within 3x the
+  rounding floor (the bound of tests/core/test_core.py's low-precision tests), forward and
   backward;
 - every backbone's training step under AMP (fp16 with ``torch.amp.GradScaler``, bf16):
-  finite, loss and gradients within ``sqrt(2 L) u`` of fp32 (tests/test_amp.py's
+  finite, loss and gradients within ``sqrt(2 L) u`` of fp32 (tests/core/test_amp.py's
   whole-backbone bound), a step taken, parameters finite after it;
 - the backbone benchmark tool on ``--device cuda`` for one case (skipped while the
   script does not exist).

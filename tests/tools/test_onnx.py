@@ -13,13 +13,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from mmplugin_inline.cli import pytorch2onnx
 from mmplugin_inline.deployment import onnx as export
 from mmplugin_inline.models.layers import PatchEmbed
 from mmplugin_inline.registry import MODELS
 
-from helpers.runs import PYTHON, ok, run_tool
-from helpers.tiny_models import REPO
-from helpers.tiny_models import TINY_BACKBONES
+from helpers.runs import PYTHON, ok, run_tool, tool_failure
+from helpers.tiny_models import REPO, TINY_BACKBONES
 from helpers.tool_configs import tiny_sem_fpn
 
 pytest.importorskip('onnxruntime')
@@ -131,13 +131,14 @@ def test_cli_exports_a_segmentor_in_tensor_mode(tmp_path):
     assert '| 1 | 61x83 | 0 | 1x150x16x21 |' in text
 
 
-@pytest.mark.slow
-def test_cli_rejects_bad_input(tmp_path):
+def test_cli_rejects_bad_input(tmp_path, capsys):
+    """One message, exit status 1 and no traceback (the tool's main, in process)."""
     config = tiny_sem_fpn(tmp_path)
-    script = osp.join(REPO, 'tools/deployment/pytorch2onnx.py')
-    rc, text, _ = run_tool([PYTHON, script, config, '--out', str(tmp_path / 'x.onnx'),
-                            '--shape', '64', '96', '--verify-shapes', '61', '83', '77'])
-    assert rc == 1 and '--verify-shapes takes H W pairs' in text and 'Traceback' not in text
-    rc, text, _ = run_tool([PYTHON, script, config, '--out', str(tmp_path / 'x.onnx'),
-                            '--shape', '64', '96', '--checkpoint', str(tmp_path / 'none.pth')])
-    assert rc == 1 and 'Checkpoint not found' in text and 'Traceback' not in text
+    err = tool_failure(pytorch2onnx.main, [config, '--out', str(tmp_path / 'x.onnx'),
+                                           '--shape', '64', '96',
+                                           '--verify-shapes', '61', '83', '77'], capsys)
+    assert '--verify-shapes takes H W pairs' in err
+    err = tool_failure(pytorch2onnx.main, [config, '--out', str(tmp_path / 'x.onnx'),
+                                           '--shape', '64', '96',
+                                           '--checkpoint', str(tmp_path / 'none.pth')], capsys)
+    assert 'Checkpoint not found' in err

@@ -18,8 +18,9 @@ import shlex
 
 import pytest
 import torch
+from helpers.paths import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = REPO
 PAGES = ['README.md'] + sorted(glob.glob(os.path.join(ROOT, 'docs', '**', '*.md'),
                                          recursive=True))
 DEMO_DET = 'configs/demo/mask-rcnn_inline-pvt-t_fpn_shapes-demo.py'

@@ -22,8 +22,9 @@ from helpers.fidelity import DATA, backbone_cfg, load_fixture
 from helpers.local_server import serve_folder
 from helpers.pickles import RunsCode, writes_marker
 from helpers.runs import free_port
+from helpers.paths import REPO
 
-ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+ROOT = REPO
 # written by the InLine authors' own utils.save_checkpoint_new (see
 # tests/data/make_training_format_checkpoint.py): model, optimizer, lr_scheduler,
 # max_accuracy, epoch and their yacs config

@@ -1,0 +1,128 @@
+"""Resuming, in process: auto-resume picks the newest sound checkpoint, a save cut short
+leaves no file under the checkpoint's name, and an epoch loop resumes to the same weights
+with the random state (the real runs killed and resumed: tests/e2e/test_runs_reliability.py)."""
+import os
+import os.path as osp
+
+import pytest
+
+from helpers.runs import work_dir_of_a_cut_save
+
+
+@pytest.mark.parametrize('pointer, expected', [
+    ('iter_6.pth', 'iter_6.pth'),  # mmengine's order: the .pth first, then last_checkpoint
+    ('iter_9.pth', 'iter_6.pth'),  # the pointer names the cut file: the newest sound one
+    ('iter_1.pth', 'iter_6.pth'),  # it names a file deleted before the save (max_keep_ckpts)
+])
+def test_auto_resume_never_picks_a_damaged_or_missing_checkpoint(tmp_path, pointer, expected):
+    from mmplugin_inline.engine.runner_setup import latest_sound_checkpoint
+    work = tmp_path / 'work'
+    work_dir_of_a_cut_save(work, pointer)
+    path, skipped = latest_sound_checkpoint(str(work))
+    assert path == str(work / expected)
+    skipped = dict(skipped)
+    if pointer == 'iter_9.pth':
+        assert 'truncated' in skipped[str(work / 'iter_9.pth')]
+    if pointer == 'iter_1.pth':
+        assert 'does not exist' in skipped[str(work / 'iter_1.pth')]
+
+
+def test_nothing_sound_to_resume_from_starts_afresh(tmp_path):
+    from mmengine.config import Config
+
+    from mmplugin_inline.engine.runner_setup import choose_auto_resume
+    (tmp_path / 'iter_3.pth').write_bytes(b'')
+    (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'iter_3.pth'))
+    cfg = Config(dict(resume=True, load_from=None, work_dir=str(tmp_path)))
+    choose_auto_resume(cfg)
+    assert cfg.resume is False and cfg.load_from is None
+
+
+def test_a_save_cut_short_leaves_no_file_under_the_checkpoint_name(tmp_path):
+    from mmplugin_inline.engine.runner_setup import atomic_checkpoint_saves
+
+    class Runner:
+        def save_checkpoint(self, out_dir, filename, *args, **kwargs):
+            with open(osp.join(out_dir, filename), 'wb') as f:
+                f.write(b'PK\x03\x04 half a checkpoint')
+                if filename.startswith('iter_2'):
+                    raise KeyboardInterrupt  # the process dies while writing
+
+    runner = atomic_checkpoint_saves(Runner())
+    runner.save_checkpoint(str(tmp_path), 'iter_1.pth')
+    assert sorted(os.listdir(tmp_path)) == ['iter_1.pth']
+    with pytest.raises(KeyboardInterrupt):
+        runner.save_checkpoint(str(tmp_path), 'iter_2.pth')
+    assert sorted(os.listdir(tmp_path)) == ['iter_1.pth', 'iter_2.pth.part']
+
+# --------------------------------------------------------------------------- epochs, in process
+
+class _NoisyData:
+    """Six samples whose second feature is drawn from numpy's global generator, as an
+    augmentation draws it."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        import numpy as np
+        import torch
+        return dict(inputs=torch.tensor([float(i), np.random.rand()]))
+
+
+def _epoch_runner(work, max_epochs, hooks, load_from=None):
+    import torch
+    import torch.nn as nn
+    from mmengine.evaluator import BaseMetric
+    from mmengine.model import BaseModel
+    from mmengine.runner import Runner
+
+    class Dropout(BaseModel):  # draws from torch's global generator
+        def __init__(self):
+            super().__init__()
+            self.fc, self.drop = nn.Linear(2, 1), nn.Dropout(0.5)
+
+        def forward(self, inputs, data_samples=None, mode='tensor'):
+            out = self.fc(self.drop(inputs))
+            return dict(loss=out.square().mean()) if mode == 'loss' else [dict()] * len(out)
+
+    class Nothing(BaseMetric):
+        def process(self, data_batch, data_samples):
+            self.results.append(0)
+
+        def compute_metrics(self, results):
+            return dict(n=len(results))
+
+    torch.manual_seed(0)  # the model is built here, before the Runner seeds the generators
+    model = Dropout()
+    loader = dict(dataset=_NoisyData(), batch_size=2, collate_fn=dict(type='default_collate'),
+                  sampler=dict(type='DefaultSampler', shuffle=True))
+    return Runner(
+        model=model, work_dir=str(work), train_dataloader=loader,
+        train_cfg=dict(by_epoch=True, max_epochs=max_epochs, val_interval=1),
+        val_dataloader=dict(loader, sampler=dict(type='DefaultSampler', shuffle=False)),
+        val_cfg=dict(), val_evaluator=[Nothing()],
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9)),
+        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=1)),
+        custom_hooks=hooks, randomness=dict(seed=3, deterministic=True),
+        resume=load_from is not None, load_from=load_from)
+
+
+def test_an_epoch_loop_resumes_to_the_same_weights_with_the_random_state(tmp_path):
+    """Epoch loop with validation after each epoch: the random state is restored at the
+    start of the next epoch; without the hook the resumed run draws other numbers."""
+    import torch
+    from mmengine.registry import DefaultScope
+
+    import mmplugin_inline  # noqa: F401  (the hook, and the checkpoints' allow-list)
+    hook = [dict(type='mmplugin_inline.RandomStateHook')]
+    with DefaultScope.overwrite_default_scope('mmengine'):
+        _epoch_runner(tmp_path / 'ref', 3, hook).train()
+        _epoch_runner(tmp_path / 'cut', 1, hook).train()
+        first = str(tmp_path / 'cut' / 'epoch_1.pth')
+        _epoch_runner(tmp_path / 'cut', 3, hook, load_from=first).train()
+        _epoch_runner(tmp_path / 'plain', 3, [], load_from=first).train()
+    ref, cut, plain = (torch.load(tmp_path / d / 'epoch_3.pth', weights_only=True)['state_dict']
+                       for d in ('ref', 'cut', 'plain'))
+    assert all(torch.equal(ref[k], cut[k]) for k in ref)
+    assert not all(torch.equal(ref[k], plain[k]) for k in ref)
