@@ -147,21 +147,12 @@ def run_blocks(blocks, x: torch.Tensor, hw: Tuple[int, int], with_cp=False,
     tokens of the result are set to zero, so that a strided or spatial layer after the
     stage sees zeros there, as the image alone sees its zero padding.
     """
-    if valid is not None:
-        for blk in blocks:
-            if with_cp is True and x.requires_grad:
-                x = checkpoint(blk, x, hw, False, valid, use_reentrant=False)
-            else:
-                x = blk(x, hw, with_cp, valid)
-        return valid.zero(x, x.shape[1] - hw[0] * hw[1])
     for blk in blocks:
         if with_cp is True and x.requires_grad:
-            x = checkpoint(blk, x, hw, use_reentrant=False)
-        elif with_cp:
-            x = blk(x, hw, with_cp)
+            x = checkpoint(blk, x, hw, False, valid, use_reentrant=False)
         else:
-            x = blk(x, hw)
-    return x
+            x = blk(x, hw, with_cp, valid)
+    return x if valid is None else valid.zero(x, x.shape[1] - hw[0] * hw[1])
 
 
 def stochastic_depth_rates(depths, drop_path_rate: float):

@@ -141,27 +141,16 @@ class CSWinAttention(nn.Module):
 
     def forward(self, x, hw, shortcut=None, valid=None):
         """x: normed [B, H*W, C]; shortcut: the block input (for the mean token); valid:
-        the per-image real tokens in pad-aware mode (:class:`~.padding.ValidGrid`)."""
-        if valid is not None:
-            return self._forward_padded(x, hw, shortcut, valid)
+        the per-image real tokens in pad-aware mode (:class:`~.padding.ValidGrid`): the
+        mean token is then the real tokens' mean, and each branch masks the padded ones
+        (:meth:`CSWinBranch._forward_padded`)."""
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         # only InLine branches read the mean token (one branch over the whole map)
-        mean = (shortcut if shortcut is not None else x).mean(dim=1) \
-            if self.attns[0].kind.reads_mean_token else None
+        mean = None
+        if self.attns[0].kind.reads_mean_token:
+            source = shortcut if shortcut is not None else x
+            mean = source.mean(dim=1) if valid is None else valid.mean(source)
         if len(self.attns) == 1:  # one branch: no split, no concatenation copy
-            return self.proj_drop(self.proj(self.attns[0](q, k, v, hw, mean)))
-        split = [t.chunk(2, dim=-1) for t in (q, k, v)]
-        out = torch.cat([branch(split[0][i], split[1][i], split[2][i], hw, None)
-                         for i, branch in enumerate(self.attns)], dim=-1)
-        return self.proj_drop(self.proj(out))
-
-    def _forward_padded(self, x, hw, shortcut, valid):
-        """:meth:`forward` in pad-aware mode: the mean token over the real tokens, and
-        each branch masks the padded ones (:meth:`CSWinBranch._forward_padded`)."""
-        q, k, v = self.qkv(x).chunk(3, dim=-1)
-        mean = valid.mean(shortcut if shortcut is not None else x) \
-            if self.attns[0].kind.reads_mean_token else None
-        if len(self.attns) == 1:
             return self.proj_drop(self.proj(self.attns[0](q, k, v, hw, mean, valid)))
         split = [t.chunk(2, dim=-1) for t in (q, k, v)]
         out = torch.cat([branch(split[0][i], split[1][i], split[2][i], hw, None, valid)

@@ -283,8 +283,7 @@ class WindowAttention(MultiHeadAttentionBase):
             bias = torch.zeros(removed.shape, dtype=q.dtype, device=x.device)
             bias = bias.masked_fill_(removed, MASK_VALUE).flatten(0, 1).unsqueeze(1)
             if self.use_rel_pos:
-                rel = self.relative_position_bias_table[self.relative_position_index.view(-1)]
-                bias = bias + rel.view(ws * ws, ws * ws, -1).permute(2, 0, 1).to(q.dtype)
+                bias = bias + self._relative_position_bias(ws * ws).to(q.dtype)
             out = self.attend(q, k, v, bias=bias)
         out = window_reverse(out, (ws, ws), (hp, wp))
         if shift:
@@ -292,12 +291,16 @@ class WindowAttention(MultiHeadAttentionBase):
         out = crop_to(out, hw).reshape(b, n, c)
         return self.proj_drop(self.proj(out))
 
+    def _relative_position_bias(self, n: int) -> torch.Tensor:
+        """The learned relative position bias of an ``n``-token window: [heads, n, n]."""
+        bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
+        return bias.view(n, n, -1).permute(2, 0, 1)
+
     def _softmax_windows(self, q, k, v, mask, batch):
         """Softmax per window with relative position bias and the window mask."""
         bias = None
         if self.use_rel_pos:
-            bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
-            bias = bias.view(q.shape[1], q.shape[1], -1).permute(2, 0, 1)   # [heads, N, N]
+            bias = self._relative_position_bias(q.shape[1])                  # [heads, N, N]
         if mask is not None:
             mask = mask.unsqueeze(1)                                         # [nW, 1, N, N]
             bias = mask if bias is None else bias.unsqueeze(0) + mask
