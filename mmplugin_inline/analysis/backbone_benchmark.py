@@ -12,6 +12,8 @@ import statistics
 
 import torch
 
+from mmplugin_inline.core.matmul_backend import cpu_linear_backend, linear
+
 from .backbone_report import OURS, fmt, markdown, plot
 from .measure import (extrapolate, interleaved_times, keep_freed_memory, load_average,
                       over_budget, peak_extra_memory)
@@ -113,9 +115,12 @@ def make_call(model, x, mode, reference=False):
 
 
 def gemm_call(size, device):
+    """A size^3 fp32 product through the library our linear layers use on ``device``
+    (``core.matmul_backend.linear``: oneDNN or BLAS on the CPU, cuBLAS on CUDA): the
+    rate a model's products could reach, whichever library a model calls."""
     a = torch.randn(size, size, device=device)
     b = torch.randn(size, size, device=device)
-    return lambda: torch.mm(a, b)
+    return lambda: linear(a, b)
 
 
 def forward_flops(model, x):
@@ -195,7 +200,9 @@ def run_benchmark(args):
     os.makedirs(args.out_dir, exist_ok=True)
     env = dict(device=str(args.device), threads=torch.get_num_threads(),
                torch=torch.__version__, machine=platform.processor() or platform.machine(),
-               repeats=args.repeats, gemm_size=args.gemm_size, load_start=load_average())
+               repeats=args.repeats, gemm_size=args.gemm_size, load_start=load_average(),
+               gemm_library=(cpu_linear_backend() if torch.device(args.device).type == 'cpu'
+                             else 'cuBLAS'))
     gemm = gemm_call(args.gemm_size, args.device)
     results, history, flops_cache = [], {}, {}
 

@@ -31,10 +31,11 @@ def fmt(value, spec):
 def markdown(results, env):
     """The results as markdown tables: ours against the peer per size and mode, the
     reference paths, the fitted slopes, with_cp and the window sweep."""
+    library = f" ({env['gemm_library']})" if env.get('gemm_library') else ''
     lines = [f"Device: {env['device']} ({env['threads']} threads), torch {env['torch']}, "
              f"{env['repeats']} interleaved repeats (medians); load average "
              f"{env['load_start']} at the start, {env['load_end']} at the end; fp32 GEMM "
-             f"{env['gemm_size']}^3: {fmt(env.get('gemm_gflop_per_s'), '.1f')} GFLOP/s "
+             f"{env['gemm_size']}^3{library}: {fmt(env.get('gemm_gflop_per_s'), '.1f')} GFLOP/s "
              '(multiply-accumulates per second, the FLOP counter\'s convention).', '']
     by_case = {}
     for r in results:

@@ -22,6 +22,7 @@ from .attention_kinds import (ATTN_KINDS, ATTN_TYPES, AttentionKind, ResidualKer
                               attention_kind, describe_attn_types, grouped_pointwise,
                               merge_heads, split_heads)
 from .padding import key_bias
+from .linear import Linear
 
 __all__ = ['ATTN_KINDS', 'ATTN_TYPES', 'AttentionKind', 'ResidualKernelPredictor',
            'attention_kind', 'describe_attn_types', 'grouped_pointwise', 'merge_heads',
@@ -113,17 +114,17 @@ class GlobalAttention(MultiHeadAttentionBase):
         super().__init__(dim, num_heads, attn_type, kernel)
         self.separate_q, self.num_prefix, self.sr_ratio = separate_q, num_prefix, sr_ratio
         if separate_q:
-            self.q = nn.Linear(dim, dim, bias=qkv_bias)
-            self.kv = nn.Linear(dim, dim * 2, bias=qkv_bias)
+            self.q = Linear(dim, dim, bias=qkv_bias)
+            self.kv = Linear(dim, dim * 2, bias=qkv_bias)
         else:
-            self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+            self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
         if sr_ratio > 1:
             if self.kind.linear_in_tokens or num_prefix:
                 raise ValueError('spatial reduction (sr_ratio > 1) applies to softmax attention '
                                  "on maps without prefix tokens (attn_type='S')")
             self.sr = nn.Conv2d(dim, dim, kernel_size=sr_ratio, stride=sr_ratio)
             self.norm = nn.LayerNorm(dim)
-        self.proj = nn.Linear(dim, dim)
+        self.proj = Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
     def project(self, x: torch.Tensor, kv_source: Optional[torch.Tensor] = None):

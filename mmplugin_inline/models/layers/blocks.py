@@ -7,11 +7,12 @@ from mmcv.cnn import build_activation_layer, build_norm_layer
 from mmcv.cnn.bricks.drop import DropPath
 from torch.utils.checkpoint import checkpoint
 
+from .linear import Linear
+
 try:  # selective checkpointing (torch >= 2.4); without it 'mlp' recomputes the whole half
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 except ImportError:  # pragma: no cover
     create_selective_checkpoint_contexts = None
-
 
 
 class Mlp(nn.Module):
@@ -19,9 +20,9 @@ class Mlp(nn.Module):
 
     def __init__(self, dim: int, hidden_dim: int, act_cfg=dict(type='GELU'), drop: float = 0.0):
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.fc1 = Linear(dim, hidden_dim)
         self.act = build_activation_layer(act_cfg)
-        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.fc2 = Linear(hidden_dim, dim)
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,6 +106,10 @@ def _narrow_outputs_policy(ctx, op, *args, **kwargs):
     if op in (aten.addmm.default, aten.mm.default):
         a, b = args[-2:]
         if b.shape[-1] < a.shape[-1]:
+            return CheckpointPolicy.MUST_SAVE
+    if op is aten.convolution.default:  # a linear layer run by oneDNN (core.matmul_backend)
+        weight = args[1]
+        if weight.shape[0] < weight.shape[1]:
             return CheckpointPolicy.MUST_SAVE
     if op is aten.native_layer_norm.default:
         return CheckpointPolicy.MUST_SAVE

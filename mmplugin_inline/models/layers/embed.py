@@ -9,6 +9,8 @@ from mmcv.cnn import build_norm_layer
 from mmplugin_inline.core import nchw_to_nlc, pad_amount
 from mmplugin_inline.core.tokens import known_equal, known_zero
 
+from .linear import Linear
+
 
 class PatchEmbed(nn.Module):
     """Non-overlapping patches: ``Conv2d(k = stride = patch)`` then an optional norm.
@@ -48,7 +50,7 @@ class PatchMerging(nn.Module):
     def __init__(self, dim: int, norm_cfg=dict(type='LN')):
         super().__init__()
         self.norm = build_norm_layer(norm_cfg, 4 * dim)[1]
-        self.reduction = nn.Linear(4 * dim, 2 * dim, bias=False)
+        self.reduction = Linear(4 * dim, 2 * dim, bias=False)
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]):
         b, n, c = x.shape

@@ -12,6 +12,7 @@ from mmplugin_inline.core import (crop_to, fast_paths_enabled, nchw_to_nlc, nlc_
 
 from .attention import MultiHeadAttentionBase, attention_kind, check_heads
 from .padding import key_bias
+from .linear import Linear
 from .window_attention import shifted_window_mask
 
 
@@ -124,7 +125,7 @@ class CSWinAttention(nn.Module):
         super().__init__()
         kind = attention_kind(attn_type)
         check_heads(dim, num_heads)
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
         # InLine's cost is linear in the tokens: one branch over the whole map
         one_branch = kind.linear_in_tokens or last_stage
         if one_branch:
@@ -136,7 +137,7 @@ class CSWinAttention(nn.Module):
             self.attns = nn.ModuleList([
                 CSWinBranch(dim // 2, num_heads // 2, kind, kernel, (split_size, vertical))
                 for vertical in (True, False)])
-        self.proj = nn.Linear(dim, dim)
+        self.proj = Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x, hw, shortcut=None, valid=None):

@@ -15,6 +15,7 @@ from mmplugin_inline.core import (crop_to, fast_paths_enabled, pad_to_multiple, 
 from mmplugin_inline.core.tokens import known_equal
 
 from .attention import MultiHeadAttentionBase
+from .linear import Linear
 
 # additive bias that removes a key from softmax attention (Swin's value; finite, so a
 # query that sees only masked keys stays finite; its output is cropped away)
@@ -158,8 +159,8 @@ class WindowAttention(MultiHeadAttentionBase):
         super().__init__(dim, num_heads, attn_type, kernel)
         # created before the bias table (as GlobalAttention does): the seeded
         # initialisation and the parameter order (optimizer state) depend on it
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
-        self.proj = nn.Linear(dim, dim)
+        self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
         if window_size < 1:
             raise ValueError(f'window_size must be positive, got {window_size}')

@@ -1,0 +1,113 @@
+"""Which library runs the models' dense products (``nn.Linear``) on the CPU.
+
+torch sends a CPU fp32 ``F.linear`` to its BLAS (MKL in the official wheels). MKL takes
+its fast AVX-512 kernels on Intel processors only: on an AMD EPYC with AVX-512 (the
+machine the benchmarks of this repository ran on) a 2048^3 product ran at 98 GFLOP/s
+through ``torch.matmul`` and at 204-220 through oneDNN (torch's other CPU library, the
+one behind its convolutions), and the linear layers of the T backbones (2 threads, e.g.
+3136 x 64 -> 512: 1.01 vs 0.48 ms forward, 8.8 vs 2.2 ms with the backward; 197 x 192
+-> 576: 0.23 vs 0.15 ms) ran 1.1-4x faster through oneDNN. mmdet's PVT writes its MLP
+as 1x1 convolutions and gets that rate without asking for it. The backbone benchmark's
+``--reference-paths`` races the two forms inside whole models.
+
+:func:`linear` is ``F.linear`` with the product written as a 1x1 convolution over a
+channels-last view of the tokens ([..., C] -> [1, C, N, 1], no copy), which torch
+runs in oneDNN; the output comes back as a view as well. It is taken only where it
+helps (:func:`onednn_linear_wanted`): a CPU fp32 tensor outside autocast, on a
+processor where :func:`cpu_linear_backend` says oneDNN, in eager mode (traced,
+scripted, compiled and exported graphs keep ``F.linear``, the op their tools know),
+with the fast paths on (:func:`~.fast_paths.reference_paths` restores ``F.linear``
+everywhere). Autograd differentiates the convolution as it is; the results equal
+``F.linear``'s to fp32 rounding (tested forward and backward in fp64).
+
+On CUDA nothing changes: cuBLAS runs ``F.linear``.
+"""
+import functools
+import os
+import platform
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .fast_paths import fast_paths_enabled
+
+#: environment variable that overrides the choice: 'onednn', 'blas' or 'auto' (default)
+BACKEND_ENV = 'MMPLUGIN_INLINE_CPU_LINEAR'
+BACKENDS = ('auto', 'onednn', 'blas')
+
+
+def _cpu_vendor() -> str:
+    """The x86 vendor string ('AuthenticAMD', 'GenuineIntel', ...), '' when unknown."""
+    try:
+        with open('/proc/cpuinfo', encoding='ascii', errors='replace') as f:
+            for line in f:
+                if line.startswith('vendor_id'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return ''
+
+
+@functools.lru_cache(maxsize=None)
+def _auto_backend() -> str:
+    # oneDNN where MKL is known to leave AVX-512 unused (x86 processors not made by
+    # Intel); elsewhere torch's own choice, which is MKL's home ground or not measured
+    if not torch.backends.mkldnn.is_available():
+        return 'blas'
+    if platform.machine().lower() not in ('x86_64', 'amd64'):
+        return 'blas'
+    return 'onednn' if _cpu_vendor() == 'AuthenticAMD' else 'blas'
+
+
+def cpu_linear_backend() -> str:
+    """'onednn' or 'blas': the library :func:`linear` uses for CPU fp32 products.
+
+    ``MMPLUGIN_INLINE_CPU_LINEAR=onednn|blas`` decides; unset or 'auto', oneDNN is
+    taken on AMD x86 processors (where it measured about 2x MKL) and BLAS elsewhere.
+
+    Raises:
+        ValueError: for another value of the variable, naming the accepted ones.
+    """
+    choice = os.environ.get(BACKEND_ENV, 'auto').strip().lower() or 'auto'
+    if choice not in BACKENDS:
+        raise ValueError(f'{BACKEND_ENV}={choice!r}: expected one of {", ".join(BACKENDS)}')
+    if choice == 'onednn' and not torch.backends.mkldnn.is_available():
+        return 'blas'
+    return _auto_backend() if choice == 'auto' else choice
+
+
+def _in_graph_capture() -> bool:
+    return (torch.jit.is_tracing() or torch.jit.is_scripting()
+            or torch.compiler.is_compiling() or torch.compiler.is_exporting())
+
+
+def onednn_linear_wanted(x: torch.Tensor) -> bool:
+    """Whether :func:`linear` takes the oneDNN form for input ``x`` (see the module)."""
+    return (x.device.type == 'cpu' and x.dtype == torch.float32 and x.dim() >= 2
+            and fast_paths_enabled() and not torch.is_autocast_cpu_enabled()
+            and not _in_graph_capture() and cpu_linear_backend() == 'onednn')
+
+
+def linear_as_conv(x: torch.Tensor, weight: torch.Tensor,
+                   bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` computed as a 1x1 convolution on a channels-last view.
+
+    ``x`` [..., Cin] is seen as a [1, Cin, N, 1] channels-last image (a view when its
+    rows are contiguous) and the result [1, Cout, N, 1], channels-last as oneDNN returns
+    it, is seen as [..., Cout]. Any device and dtype (the convolution decides where it
+    runs); :func:`linear` calls it only where oneDNN runs it.
+    """
+    *lead, cin = x.shape
+    cout = weight.shape[0]
+    rows = x.reshape(1, -1, 1, cin).permute(0, 3, 1, 2)                 # [1, Cin, N, 1]
+    out = F.conv2d(rows, weight.view(cout, cin, 1, 1), bias)
+    return out.permute(0, 2, 3, 1).reshape(*lead, cout)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor,
+           bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``F.linear``, in oneDNN for CPU fp32 tensors where that is faster (see the module)."""
+    if onednn_linear_wanted(x) and x.shape[-1] == weight.shape[-1]:
+        return linear_as_conv(x, weight, bias)
+    return F.linear(x, weight, bias)
