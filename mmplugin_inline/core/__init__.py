@@ -9,6 +9,7 @@ from .feature_maps import FEATURE_MAPS, get_feature_map
 from .inline_attention import inline_attention
 from .linear_attention import linear_attention
 from .local_residual import (depthwise_conv_taps, local_residual, local_residual_nhwc,
+                             local_residual_taps,
                              local_residual_reference)
 from .reference import (ATTENTION_WEIGHTS, inline_attention_authors, inline_attention_reference,
                         inline_attention_weights, linear_attention_reference,
@@ -24,7 +25,7 @@ __all__ = [
     'inline_attention_authors', 'linear_attention', 'linear_attention_weights',
     'linear_attention_reference', 'softmax_attention', 'softmax_attention_weights',
     'softmax_attention_reference', 'local_residual', 'local_residual_nhwc',
-    'local_residual_reference', 'depthwise_conv_taps',
+    'local_residual_reference', 'local_residual_taps', 'depthwise_conv_taps',
     'fast_paths_enabled', 'reference_paths', 'FEATURE_MAPS', 'get_feature_map', 'nchw_to_nlc',
     'nlc_to_nchw', 'pad_amount',
     'pad_to_multiple', 'crop_to', 'window_partition', 'window_reverse', 'stripe_partition',

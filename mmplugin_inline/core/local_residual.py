@@ -11,8 +11,10 @@ Three forms of the same convolution (``core/README.md``, "Local residual"):
 - :func:`local_residual`, the same on an NCHW map (``groups = B*C`` on ``[1, B*C, H, W]``);
 - :func:`local_residual_reference`, a loop over samples (the check of both);
 
-and :func:`depthwise_conv_taps`, the convolution written as its shifted multiply-adds,
-for graph exporters that cannot give a convolution a size-dependent group count.
+and :func:`local_residual_taps` / :func:`depthwise_conv_taps`, the convolution written
+as its shifted multiply-adds, for graph exporters that cannot give a convolution a
+size-dependent group count (:func:`local_residual_nhwc` takes the first while
+``torch.export`` traces it).
 """
 import torch
 import torch.nn.functional as F
@@ -65,11 +67,47 @@ def local_residual_nhwc(v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """
     b, h, w, c = v.shape
     _check_weights((b, c, 3, 3), weights, v.shape)
+    if torch.compiler.is_exporting():
+        # B*C groups are a symbolic count in a dynamic-batch export, which ONNX Conv
+        # cannot take: the taps form, written on the tokens' own layout
+        return local_residual_taps(v, weights)
     x = v.permute(1, 2, 0, 3).reshape(1, h, w, b * c).permute(0, 3, 1, 2)  # [1, B*C, H, W]
     x = x.contiguous(memory_format=torch.channels_last)
     out = F.conv2d(x, weights.reshape(b * c, 1, 3, 3).to(v.dtype), padding=1, groups=b * c)
     # whatever layout the backend returned, this is the same values as [B, H, W, C]
     return out.permute(0, 2, 3, 1).reshape(h, w, b, c).permute(2, 0, 1, 3)
+
+
+def local_residual_taps(v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """:func:`local_residual_nhwc` as the sum of its nine shifted multiply-adds.
+
+    Only pads, slices, products and sums (what a graph exporter can write for any batch;
+    slower than the convolution in eager mode).
+
+    Args:
+        v (Tensor): [B, H, W, C].
+        weights (Tensor): [B, C, 3, 3].
+
+    Returns:
+        Tensor: [B, H, W, C].
+    """
+    b, h, w, c = v.shape
+    _check_weights((b, c, 3, 3), weights, v.shape)
+    padded = F.pad(v, (0, 0, 1, 1, 1, 1))                                # [B, H+2, W+2, C]
+    taps = weights.to(v.dtype).permute(0, 2, 3, 1)                       # [B, 3, 3, C]
+    return _sum_of_taps(padded, lambda i, j: taps[:, i:i + 1, j:j + 1], (h, w), (3, 3), 1)
+
+
+def _sum_of_taps(padded, tap, out_hw, kernel_hw, h_dim):
+    """``sum_ij padded[..., i:i+H, j:j+W, ...] * tap(i, j)``, the spatial dims at
+    ``h_dim`` and ``h_dim + 1``: a stride-1 convolution as slices, products and sums."""
+    out = None
+    for i in range(kernel_hw[0]):
+        for j in range(kernel_hw[1]):
+            window = padded.narrow(h_dim, i, out_hw[0]).narrow(h_dim + 1, j, out_hw[1])
+            term = window * tap(i, j)
+            out = term if out is None else out + term
+    return out
 
 
 def depthwise_conv_taps(x: torch.Tensor, weight: torch.Tensor, padding=(1, 1)) -> torch.Tensor:
@@ -92,12 +130,8 @@ def depthwise_conv_taps(x: torch.Tensor, weight: torch.Tensor, padding=(1, 1)) -
     ph, pw = padding
     padded = F.pad(x, (pw, pw, ph, ph))
     h, w = padded.shape[2] - kh + 1, padded.shape[3] - kw + 1
-    out = None
-    for i in range(kh):
-        for j in range(kw):
-            tap = padded[:, :, i:i + h, j:j + w] * weight[:, 0, i, j].view(1, -1, 1, 1)
-            out = tap if out is None else out + tap
-    return out
+    return _sum_of_taps(padded, lambda i, j: weight[:, 0, i, j].view(1, -1, 1, 1), (h, w),
+                        (kh, kw), 2)
 
 
 def local_residual_reference(v_map: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

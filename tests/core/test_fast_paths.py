@@ -9,7 +9,8 @@ import torch.nn.functional as F
 
 import mmplugin_inline  # noqa: F401  (registers the backbones)
 from mmplugin_inline.core import (depthwise_conv_taps, fast_paths_enabled, local_residual,
-                                  local_residual_nhwc, local_residual_reference, reference_paths)
+                                  local_residual_nhwc, local_residual_reference,
+                                  local_residual_taps, reference_paths)
 from mmplugin_inline.models.layers import (CSWinAttention, GlobalAttention,
                                            ResidualKernelPredictor, WindowAttention)
 from mmplugin_inline.models.layers import window_attention as wa
@@ -63,8 +64,10 @@ def test_channels_last_residual_matches_reference(b, h, w, c):
         qkv[..., 2 * c:].permute(0, 3, 1, 2), weights).permute(0, 2, 3, 1), [qkv, weights])
     grouped = _grads(lambda: local_residual(
         qkv[..., 2 * c:].permute(0, 3, 1, 2), weights).permute(0, 2, 3, 1), [qkv, weights])
+    taps = _grads(lambda: local_residual_taps(qkv[..., 2 * c:], weights), [qkv, weights])
     _assert_same(fast, ref)
     _assert_same(grouped, ref)
+    _assert_same(taps, ref)  # the form torch.export traces
     assert fast[0].shape == (b, h, w, c)
 
 
