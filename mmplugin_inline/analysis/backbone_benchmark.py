@@ -137,9 +137,11 @@ def predicted_over(history, pixels, max_s, max_mb):
     seconds = extrapolate([(h['pixels'], h['time_ms'] / 1e3) for h in done], pixels)
     if seconds is None:
         return None
-    last = done[-1]
-    grow = seconds / (last['time_ms'] / 1e3)  # memory grows as the time does
-    peak_mb = last['peak_mb'] * grow if last.get('peak_mb') else None
+    # memory from its own points: activations grow with the pixels (slope 1 from one
+    # measured size; a fitted slope from two), not as the time does (a softmax peer's
+    # time grows with the square of the tokens, its fused attention's memory does not)
+    peak_mb = extrapolate([(h['pixels'], h.get('peak_mb')) for h in done], pixels,
+                          default_slope=1.0)
     return over_budget(seconds, max_s, peak_mb, max_mb)
 
 

@@ -45,7 +45,15 @@ def test_sizes_predicted_over_the_caps_are_skipped_with_the_reason():
                dict(pixels=400, time_ms=160.0, peak_mb=40.0)]      # time ~ pixels^2
     assert bench.predicted_over(history, 800, max_s=1.0, max_mb=1e6) is None   # 0.64 s
     assert 'max-call-s' in bench.predicted_over(history, 1600, max_s=1.0, max_mb=1e6)
-    assert 'max-memory-gb' in bench.predicted_over(history, 800, max_s=1e3, max_mb=100)
+    # memory extrapolates from its own points (here linear: 80 MiB at 800 pixels)
+    assert bench.predicted_over(history, 800, max_s=1e3, max_mb=100) is None
+    assert 'max-memory-gb' in bench.predicted_over(history, 800, max_s=1e3, max_mb=50)
+    # from one measured size: memory linear in the pixels, time quadratic (the cautious
+    # guesses; a training step at 224 once predicted 45 GiB at 800x1344, measured 1.6)
+    one = history[:1]
+    assert bench.predicted_over(one, 800, max_s=0.5, max_mb=1e6) is not None   # 0.64 s
+    assert bench.predicted_over(one, 800, max_s=1.0, max_mb=81) is None         # 80 MiB
+    assert 'max-memory-gb' in bench.predicted_over(one, 800, max_s=1.0, max_mb=79)
     assert bench.predicted_over([], 10 ** 9, max_s=1e-3, max_mb=1) is None
 
 
