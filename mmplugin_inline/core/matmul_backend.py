@@ -3,7 +3,7 @@
 torch sends a CPU fp32 ``F.linear`` to its BLAS (MKL in the official wheels). MKL takes
 its fast AVX-512 kernels on Intel processors only: on an AMD EPYC with AVX-512 (the
 machine the benchmarks of this repository ran on) a 2048^3 product ran at 98 GFLOP/s
-through ``torch.matmul`` and at 204-220 through oneDNN (torch's other CPU library, the
+through ``torch.matmul`` and at 175-220 through oneDNN (torch's other CPU library, the
 one behind its convolutions), and the linear layers of the T backbones (2 threads, e.g.
 3136 x 64 -> 512: 1.01 vs 0.48 ms forward, 8.8 vs 2.2 ms with the backward; 197 x 192
 -> 576: 0.23 vs 0.15 ms) ran 1.1-4x faster through oneDNN. mmdet's PVT writes its MLP
