@@ -54,8 +54,8 @@ def local_residual_nhwc(v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     depthwise kernel is several times faster than the NCHW grouped one, which also needs
     the tokens transposed into NCHW first (measured at 1 thread, 128x128x96: 7.9 vs
     16.3 ms forward, 8.8 vs 34.0 ms with the backward; the backbone benchmark's
-    ``--reference-paths`` races the two inside whole models); cuDNN has NHWC depthwise kernels as well, and the layout copies it
-    saves are the same on the GPU.
+    ``--reference-paths`` races the two inside whole models); cuDNN has NHWC depthwise
+    kernels as well, and the layout copies it saves are the same on the GPU.
 
     Args:
         v (Tensor): values as a channels-last image, [B, H, W, C] (any strides, e.g. a

@@ -85,7 +85,7 @@ def _in_graph_capture() -> bool:
 def onednn_linear_wanted(x: torch.Tensor) -> bool:
     """Whether :func:`linear` takes the oneDNN form for input ``x`` (see the module)."""
     return (x.device.type == 'cpu' and x.dtype == torch.float32 and x.dim() >= 2
-            and fast_paths_enabled() and not torch.is_autocast_cpu_enabled()
+            and fast_paths_enabled() and not torch.is_autocast_enabled('cpu')
             and not _in_graph_capture() and cpu_linear_backend() == 'onednn')
 
 

@@ -82,7 +82,8 @@ def test_the_backend_follows_the_variable_and_refuses_other_values(monkeypatch):
     monkeypatch.setenv(BACKEND_ENV, 'auto')
     assert cpu_linear_backend() in ('onednn', 'blas')
     monkeypatch.setenv(BACKEND_ENV, 'mkl')
-    with pytest.raises(ValueError, match=f"{BACKEND_ENV}='mkl': expected one of auto, onednn, blas"):
+    with pytest.raises(ValueError,
+                       match=f"{BACKEND_ENV}='mkl': expected one of auto, onednn, blas"):
         cpu_linear_backend()
 
 

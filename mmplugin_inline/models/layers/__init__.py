@@ -14,7 +14,7 @@ __all__ = [
     'ATTN_KINDS', 'ATTN_TYPES', 'INLINE', 'SOFTMAX', 'AttentionKind', 'attention_kind',
     'parse_block_types', 'MultiHeadAttentionBase', 'GlobalAttention', 'ResidualKernelPredictor',
     'WindowAttention', 'relative_position_index', 'shifted_window_mask', 'CSWinAttention',
-    'CSWinBranch', 'Linear', 'WITH_CP_MODES', 'check_with_cp', 'Mlp', 'TransformerBlock', 'run_blocks',
-    'stochastic_depth_rates', 'ConvMerging', 'PatchEmbed', 'PatchMerging', 'contiguous_map',
+    'CSWinBranch', 'Linear', 'WITH_CP_MODES', 'check_with_cp', 'Mlp', 'TransformerBlock',
+    'run_blocks', 'stochastic_depth_rates', 'ConvMerging', 'PatchEmbed', 'PatchMerging', 'contiguous_map',
     'resize_pos_embed', 'VALID_HW_ATTR', 'ValidGrid', 'place_pos_embed', 'valid_sizes_of'
 ]

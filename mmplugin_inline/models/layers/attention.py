@@ -21,8 +21,8 @@ from mmplugin_inline.core import get_feature_map, nchw_to_nlc, nlc_to_nchw, pad_
 from .attention_kinds import (ATTN_KINDS, ATTN_TYPES, AttentionKind, ResidualKernelPredictor,
                               attention_kind, describe_attn_types, grouped_pointwise,
                               merge_heads, split_heads)
-from .padding import key_bias
 from .linear import Linear
+from .padding import key_bias
 
 __all__ = ['ATTN_KINDS', 'ATTN_TYPES', 'AttentionKind', 'ResidualKernelPredictor',
            'attention_kind', 'describe_attn_types', 'grouped_pointwise', 'merge_heads',

@@ -11,8 +11,8 @@ from mmplugin_inline.core import (crop_to, fast_paths_enabled, nchw_to_nlc, nlc_
                                   pad_to_multiple, stripe_partition, stripe_reverse, stripe_shape)
 
 from .attention import MultiHeadAttentionBase, attention_kind, check_heads
-from .padding import key_bias
 from .linear import Linear
+from .padding import key_bias
 from .window_attention import shifted_window_mask
 
 
