@@ -5,7 +5,7 @@ One fast function per attention variant (``<variant>_attention.py``), its explic
 N x N form in ``reference.py``; the feature maps phi in ``feature_maps.py``.
 """
 from .fast_paths import fast_paths_enabled, reference_paths
-from .feature_maps import FEATURE_MAPS, get_feature_map
+from .feature_maps import FEATURE_MAPS, NONNEGATIVE_FEATURE_MAPS, get_feature_map
 from .inline_attention import inline_attention
 from .linear_attention import linear_attention
 from .local_residual import (depthwise_conv_taps, local_residual, local_residual_nhwc,
@@ -26,7 +26,7 @@ __all__ = [
     'linear_attention_reference', 'softmax_attention', 'softmax_attention_weights',
     'softmax_attention_reference', 'local_residual', 'local_residual_nhwc',
     'local_residual_reference', 'local_residual_taps', 'depthwise_conv_taps',
-    'fast_paths_enabled', 'reference_paths', 'FEATURE_MAPS', 'get_feature_map', 'nchw_to_nlc',
+    'fast_paths_enabled', 'reference_paths', 'FEATURE_MAPS', 'NONNEGATIVE_FEATURE_MAPS', 'get_feature_map', 'nchw_to_nlc',
     'nlc_to_nchw', 'pad_amount',
     'pad_to_multiple', 'crop_to', 'window_partition', 'window_reverse', 'stripe_partition',
     'stripe_reverse', 'stripe_shape', 'ATTENTION_WEIGHTS'

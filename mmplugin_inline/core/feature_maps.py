@@ -22,6 +22,12 @@ FEATURE_MAPS: Dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+#: the feature maps whose values are never negative: with them the sum normaliser of plain
+#: linear attention, ``phi(q_i) . sum_j phi(k_j)``, cannot be negative (its ``eps`` keeps it
+#: positive); identity and LeakyReLU can make it zero or negative
+NONNEGATIVE_FEATURE_MAPS = ('relu', 'exp')
+
+
 def get_feature_map(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     """Return the feature map called ``name`` (one of :data:`FEATURE_MAPS`).
 

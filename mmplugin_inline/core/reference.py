@@ -57,30 +57,50 @@ def inline_attention_reference(q, k, v, kernel='identity', scale=None, key_mask=
     return inline_attention_weights(q, k, kernel, scale, key_mask) @ v
 
 
-def linear_attention_weights(q, k, kernel='identity', eps=1e-6):
-    """Plain linear attention weights ``phi(q_i).phi(k_j) / sum_j phi(q_i).phi(k_j)``.
+def _valid_keys(key_mask, q):
+    """``key_mask`` ([B, N] or [B, heads, N]) as a 0 / 1 row [B, heads | 1, 1, N]."""
+    valid = key_mask.to(q.dtype)
+    return (valid.unsqueeze(1) if valid.dim() == 2 else valid).unsqueeze(-2)
+
+
+def linear_attention_weights(q, k, kernel='relu', eps=1e-6, key_mask=None):
+    """Plain linear attention weights ``phi(q_i).phi(k_j) / (sum_j phi(q_i).phi(k_j) + eps)``.
 
     Not injective: scaling q (or, under softmax-like feature maps, other changes) leaves
-    the rows unchanged. ``eps`` guards the sum, which the identity map can make zero.
+    the rows unchanged. ``eps`` guards the sum. With ``key_mask`` ([B, N] or
+    [B, heads, N], true for a valid key) a masked key's score is 0, so it leaves the sum.
     """
     phi = get_feature_map(kernel)
     scores = phi(q) @ phi(k).transpose(-2, -1)
+    if key_mask is not None:
+        scores = scores * _valid_keys(key_mask, q)
     return scores / (scores.sum(dim=-1, keepdim=True) + eps)
 
 
-def linear_attention_reference(q, k, v, kernel='identity', eps=1e-6):
+def linear_attention_reference(q, k, v, kernel='relu', eps=1e-6, key_mask=None):
     """Plain linear attention through its explicit weights, [B, heads, Nq, dv]."""
-    return linear_attention_weights(q, k, kernel, eps) @ v
+    return linear_attention_weights(q, k, kernel, eps, key_mask) @ v
 
 
-def softmax_attention_weights(q, k, kernel='identity', scale=None):
-    """Softmax attention weights ``softmax(s q k^T)``; ``kernel`` is ignored."""
-    return torch.softmax((q @ k.transpose(-2, -1)) * _scale(q, scale), dim=-1)
+def softmax_attention_weights(q, k, kernel='identity', scale=None, key_mask=None, bias=None):
+    """Softmax attention weights ``softmax(s q k^T + bias)``; ``kernel`` is ignored.
+
+    ``key_mask`` ([B, N] or [B, heads, N], true for a valid key): a masked key's weight
+    is exactly 0 (the definition over the valid keys). ``bias``: an additive score bias
+    broadcastable to [B, heads, Nq, N].
+    """
+    scores = (q @ k.transpose(-2, -1)) * _scale(q, scale)
+    if bias is not None:
+        scores = scores + bias
+    if key_mask is not None:
+        scores = scores.masked_fill(_valid_keys(key_mask, q) == 0, float('-inf'))
+    return torch.softmax(scores, dim=-1)
 
 
-def softmax_attention_reference(q, k, v, kernel='identity', scale=None):
+def softmax_attention_reference(q, k, v, kernel='identity', scale=None, key_mask=None,
+                                bias=None):
     """Softmax attention with the N x N matrix materialised, [B, heads, Nq, dv]."""
-    return softmax_attention_weights(q, k, kernel, scale) @ v
+    return softmax_attention_weights(q, k, kernel, scale, key_mask, bias) @ v
 
 
 def inline_attention_authors(q, k, v, kernel='identity', scale=None):

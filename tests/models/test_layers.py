@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from mmplugin_inline.core import inline_attention_reference, local_residual_reference
-from mmplugin_inline.models.layers import (INLINE, SOFTMAX, CSWinAttention, CSWinBranch,
-                                           GlobalAttention, TransformerBlock, WindowAttention,
-                                           attention_kind, parse_block_types, shifted_window_mask)
+from mmplugin_inline.models.layers import (MIXERS, CSWinAttention, CSWinBranch, GlobalAttention,
+                                           InLineMixer, LinearMixer, SoftmaxMixer,
+                                           TransformerBlock, WindowAttention, mixer_class,
+                                           parse_block_types, shifted_window_mask)
 
 
 def _qkv(attn, x):
@@ -102,28 +103,45 @@ def test_global_inline_attention_matches_the_definition_with_residual():
 
 def test_block_type_strings_expand_per_block():
     assert parse_block_types('IIMS2', [1, 2, 4, 2], 'x') == [
-        [INLINE], [INLINE, INLINE], [INLINE, INLINE, SOFTMAX, SOFTMAX], [SOFTMAX, SOFTMAX]]
-    assert parse_block_types('ISIS', [1, 1, 1, 1], 'x')[1] == [SOFTMAX]
+        ['I'], ['I', 'I'], ['I', 'I', 'S', 'S'], ['S', 'S']]
+    assert parse_block_types('ISLS', [1, 1, 2, 1], 'x')[2] == ['L', 'L']
 
 
-def test_a_letter_is_read_once_into_a_kind_that_knows_its_behaviour():
-    assert attention_kind('I') is INLINE and attention_kind(SOFTMAX) is SOFTMAX
-    assert INLINE.linear_in_tokens and INLINE.reads_mean_token and not INLINE.can_shift
-    assert not SOFTMAX.linear_in_tokens and SOFTMAX.can_shift and SOFTMAX.relative_position_bias
-    # layers keep the kind (and show its letter); a copied or pickled layer keeps the same kind
+def test_a_letter_selects_a_mixer_class_in_one_table():
+    assert MIXERS == {'I': InLineMixer, 'S': SoftmaxMixer, 'L': LinearMixer}
+    assert mixer_class('L') is LinearMixer and mixer_class(SoftmaxMixer) is SoftmaxMixer
+    assert InLineMixer.linear_in_tokens and LinearMixer.linear_in_tokens
+    assert SoftmaxMixer.takes_bias and not InLineMixer.takes_bias and not LinearMixer.takes_bias
+    # the layer shows its letter; the mixer's parameters are the layer's, under the
+    # authors' names; a copied or pickled layer keeps them shared with its mixer
     attn = GlobalAttention(8, 2, 'I')
-    assert attn.kind is INLINE and attn.attn_type == 'I' and hasattr(attn, 'residual')
-    assert copy.deepcopy(attn).kind is INLINE
-    assert pickle.loads(pickle.dumps(SOFTMAX)) is SOFTMAX
-    assert not hasattr(GlobalAttention(8, 2, SOFTMAX), 'residual')
+    assert attn.attn_type == 'I' and attn.residual is attn.mixer.residual
+    assert [n for n, _ in attn.named_parameters() if 'residual' in n] == [
+        'residual.0.weight', 'residual.0.bias', 'residual.2.weight', 'residual.2.bias']
+    for other in (copy.deepcopy(attn), pickle.loads(pickle.dumps(attn))):
+        assert other.residual is other.mixer.residual and other.residual is not attn.residual
+    assert not hasattr(GlobalAttention(8, 2, 'S'), 'residual')
+    assert not hasattr(GlobalAttention(8, 2, 'I', local_residual=False), 'residual')
+    assert GlobalAttention(8, 2, 'L').mixer.kernel == 'relu'           # its own default phi
+    assert not attn.eval().mixer.training and attn.train().mixer.training
 
 
-def test_block_type_letters_are_the_attention_types():
+def test_block_type_letters_are_the_mixers():
     with pytest.raises(ValueError, match=r"\['X'\]; the letters are 'I' \(InLine\), "
-                                         r"'S' \(softmax\) and 'M' \(mixed, then a count\)"):
+                                         r"'S' \(softmax\), 'L' \(linear\) and 'M' \(mixed, "
+                                         r"then a count\)"):
         parse_block_types('IXSS', [1, 1, 1, 1], 'x')
-    with pytest.raises(ValueError, match=r"attn_type must be 'I' \(InLine\) or 'S' \(softmax\)"):
+    with pytest.raises(ValueError, match=r"attn_type must be 'I' \(InLine\), 'S' \(softmax\) "
+                                         r"or 'L' \(linear\)"):
         GlobalAttention(8, 2, 'X')
+
+
+@pytest.mark.parametrize('kernel', ['identity', 'leakyrelu'])
+def test_linear_attention_refuses_a_feature_map_that_can_zero_its_normaliser(kernel):
+    with pytest.raises(ValueError, match=rf"kernel='{kernel}' can make zero or negative.*"
+                                         r"\['relu', 'exp'\]"):
+        GlobalAttention(8, 2, 'L', kernel=kernel)
+    assert GlobalAttention(8, 2, 'L', kernel='exp').mixer.kernel == 'exp'
 
 
 def test_window_attention_has_only_window_options():

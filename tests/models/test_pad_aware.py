@@ -32,6 +32,15 @@ CASES = [
     ('InLineCSWinTransformer', dict(block_types='ISSS')),
     ('InLineCSWinTransformer', dict(block_types='IIII')),
     ('InLineDeiT', dict(out_indices=(3, 11), final_norm=True)),
+    # the paper's comparison variants: plain linear attention, and no local residual
+    ('InLinePVT', dict(block_types='LLLL')),
+    ('InLinePVT', dict(block_types='ILSI', local_residual=False)),
+    ('InLineSwinTransformer', dict(block_types='LLLS')),
+    ('InLineSwinTransformer', dict(block_types='LLLL', inline_window=4, local_residual=False)),
+    ('InLineCSWinTransformer', dict(block_types='LLSS')),
+    ('InLineCSWinTransformer', dict(block_types='IILS', local_residual=False)),
+    ('InLineDeiT', dict(out_indices=(3, 11), block_types='LLLLSSSSIIII')),
+    ('InLineDeiT', dict(out_indices=(3, 11), block_types='L', local_residual=False)),
 ]
 
 
@@ -75,6 +84,7 @@ def images(dtype=torch.float32):
 
 @pytest.mark.parametrize('family,extra', CASES,
                          ids=[f'{f}-{e.get("block_types", "")}{e.get("inline_window", "")}'
+                              + ('-nores' if e.get('local_residual') is False else '')
                               for f, e in CASES])
 def test_alone_equals_padded_batch(family, extra):
     model = build(family, **copy.deepcopy(extra))

@@ -114,6 +114,22 @@ def test_inline_attention_block_matches_hand_count(batch):
     assert counted['flops'] == batch * inline_attention_macs(hw[0] * hw[1], c, heads)
 
 
+@pytest.mark.parametrize('local_residual', [True, False])
+def test_linear_attention_block_matches_hand_count(local_residual):
+    """'L': InLine's count (K^T V and Q M, N d^2 each per head) plus the normaliser's
+    product phi(Q) sum phi(K), N d per head; without the residual, neither the predictor
+    nor the 3x3 convolution."""
+    hw, c, heads = (11, 13), 40, 4
+    n, d = hw[0] * hw[1], c // heads
+    attn = GlobalAttention(c, heads, attn_type='L', separate_q=True,
+                           local_residual=local_residual).eval()
+    counted = count_module(_OnMap(attn, hw), torch.randn(1, n, c))
+    assert counted['unknown_ops'] == {}
+    residual = c * d + 9 * c * d + 9 * n * c
+    expected = inline_attention_macs(n, c, heads) + n * c
+    assert counted['flops'] == (expected if local_residual else expected - residual)
+
+
 def test_softmax_block_counts_two_n_squared_d_per_head_where_mmengine_alone_counts_none():
     hw, c, heads = (9, 14), 48, 3
     n, d = hw[0] * hw[1], c // heads

@@ -113,6 +113,14 @@ class InLineBackbone(BaseModule):
     outputs (``docs/padding_aware.md``). Without known sizes, or when no image is
     padded, the default path runs.
 
+    Every family takes ``block_types`` (the block letters: 'I' InLine, 'S' softmax, 'L'
+    plain linear attention; :data:`~mmplugin_inline.models.layers.MIXERS`), ``kernel``
+    (the feature map phi of the linear blocks; None, the default, takes each mixer's
+    own: 'identity' for InLine, 'relu' for 'L', which refuses a map that can make its
+    normaliser zero) and ``local_residual`` (True by default; False builds the 'I' and
+    'L' blocks without the local residual and its parameters: the paper's "without
+    local modelling").
+
     ``forward`` starts with :meth:`_check_input` (a float ``[B, in_channels, H, W]``
     batch, not empty). ``check_finite=True`` (off by default: it reads every value)
     also stops at the first NaN / Inf, naming where it appeared: the input, the stem

@@ -41,7 +41,8 @@ class InLineCSWinTransformer(InLineBackbone):
     """InLine-CSWin backbone (Han et al., NeurIPS 2024) for dense prediction.
 
     Conv stem (7x7 stride 4), four stages joined by conv merging (3x3 stride 2). InLine
-    blocks ('I') attend over the whole map in one branch; softmax blocks ('S') use
+    blocks ('I') and plain linear blocks ('L') attend over the whole map in one branch;
+    softmax blocks ('S') use
     CSWin's cross-shaped stripes of width ``split_size[i]`` in two half-channel branches
     (one whole-map branch in the last stage). Both add LePE (3x3 depthwise conv on V).
     Stripes are padded to whole widths inside and padded keys are masked.
@@ -50,8 +51,11 @@ class InLineCSWinTransformer(InLineBackbone):
         arch (str | dict): 't', 's', 'b' or a dict with ``embed_dim``, ``depths``,
             ``num_heads``.
         in_channels (int): Default: 3.
-        block_types (str): Default: 'IISS'.
-        kernel (str): InLine feature map. Default: 'identity'.
+        block_types (str): one letter per stage, 'I', 'S' or 'L'. Default: 'IISS'.
+        kernel (str, optional): feature map of the linear blocks (see
+            :class:`InLineBackbone`). Default: None.
+        local_residual (bool): linear blocks with their local residual (see
+            :class:`InLineBackbone`). Default: True.
         split_size (Sequence[int]): softmax stripe widths. Default: (1, 2, 7, 7).
         mlp_ratio (float): Default: 4.
         qkv_bias (bool): Default: True.
@@ -89,11 +93,12 @@ class InLineCSWinTransformer(InLineBackbone):
                     arch=dict(embed_dim=args['embed_dim'], depths=args['depth'],
                               num_heads=args['num_heads']))
 
-    def __init__(self, arch='t', in_channels=3, block_types='IISS', kernel='identity',
+    def __init__(self, arch='t', in_channels=3, block_types='IISS', kernel=None,
                  split_size=(1, 2, 7, 7), mlp_ratio=4.0, qkv_bias=True, drop_rate=0.0,
                  drop_path_rate=0.2, out_indices=(0, 1, 2, 3), out_norm=True, frozen_stages=-1,
                  norm_eval=False, with_cp=False, norm_cfg=dict(type='LN'),
-                 act_cfg=dict(type='GELU'), init_cfg=None, check_finite=False, pad_aware=False):
+                 act_cfg=dict(type='GELU'), init_cfg=None, check_finite=False, pad_aware=False,
+                 local_residual=True):
         super().__init__(frozen_stages, norm_eval, with_cp, init_cfg, in_channels,
                          check_finite, pad_aware)
         cfg = resolve_arch(arch, self.arch_settings, 'InLineCSWinTransformer',
@@ -107,7 +112,8 @@ class InLineCSWinTransformer(InLineBackbone):
                 TransformerBlock(
                     dims[i],
                     CSWinAttention(dims[i], cfg['num_heads'][i], t, split_size[i], last_stage=last,
-                                   qkv_bias=qkv_bias, kernel=kernel, proj_drop=drop_rate),
+                                   qkv_bias=qkv_bias, kernel=kernel, proj_drop=drop_rate,
+                                   local_residual=local_residual),
                     mlp_ratio, dpr[i][j], drop_rate, norm_cfg, act_cfg)
                 for j, t in enumerate(types[i])]))
             if not last:

@@ -7,9 +7,9 @@ from mmcv.cnn import build_norm_layer
 from mmengine.logging import print_log
 
 from mmplugin_inline.core import nlc_to_nchw
-from mmplugin_inline.models.layers import (INLINE, GlobalAttention, PatchEmbed, TransformerBlock,
-                                           contiguous_map, place_pos_embed, resize_pos_embed,
-                                           run_blocks, stochastic_depth_rates)
+from mmplugin_inline.models.layers import (GlobalAttention, PatchEmbed, TransformerBlock,
+                                           contiguous_map, parse_block_types, place_pos_embed,
+                                           resize_pos_embed, run_blocks, stochastic_depth_rates)
 from mmplugin_inline.registry import MODELS
 
 from .base import InLineBackbone, normalize_out_indices, resolve_arch
@@ -21,7 +21,9 @@ class InLineDeiT(InLineBackbone):
 
     16x16 patches, a cls token and a learned position embedding (sized for
     ``pretrain_img_size``: 224 / 288 / 448 for t / s / b, resized bicubically to the
-    input grid), 12 InLine blocks. The local residual acts on the patch tokens only.
+    input grid), 12 blocks (InLine by default; ``block_types`` selects softmax or plain
+    linear attention, for all blocks or per block). The local residual acts on the patch
+    tokens only.
     Outputs the patch-token maps after the blocks in ``out_indices`` (all stride 16);
     pair it with mmseg's ``MultiLevelNeck`` or :class:`SimpleFeaturePyramid`.
 
@@ -30,7 +32,13 @@ class InLineDeiT(InLineBackbone):
         in_channels (int): Default: 3.
         patch_size (int): Default: 16.
         pretrain_img_size (int, optional): None takes the arch's training size.
-        kernel (str): InLine feature map. Default: 'identity'.
+        block_types (str): one letter for every block ('I', 'S' or 'L'; 'M' + count for
+            InLine then softmax, as the pyramids' stages) or one letter per block (e.g.
+            'IIIIIISSSSSS' for depth 12). Default: 'I'.
+        kernel (str, optional): feature map of the linear blocks (see
+            :class:`InLineBackbone`). Default: None.
+        local_residual (bool): linear blocks with their local residual (see
+            :class:`InLineBackbone`). Default: True.
         mlp_ratio (float): Default: 4.
         qkv_bias (bool): Default: True.
         drop_rate (float): Default: 0.
@@ -77,11 +85,11 @@ class InLineDeiT(InLineBackbone):
                               num_heads=args['num_heads']))
 
     def __init__(self, arch='s', in_channels=3, patch_size=16, pretrain_img_size=None,
-                 kernel='identity', mlp_ratio=4.0, qkv_bias=True, drop_rate=0.0,
+                 kernel=None, mlp_ratio=4.0, qkv_bias=True, drop_rate=0.0,
                  drop_path_rate=0.1, out_indices=(3, 5, 7, 11), final_norm=False,
                  frozen_stages=-1, norm_eval=False, with_cp=False,
                  norm_cfg=dict(type='LN', eps=1e-6), act_cfg=dict(type='GELU'), init_cfg=None,
-                 check_finite=False, pad_aware=False):
+                 check_finite=False, pad_aware=False, block_types='I', local_residual=True):
         super().__init__(frozen_stages, norm_eval, with_cp, init_cfg, in_channels,
                          check_finite, pad_aware)
         cfg = resolve_arch(arch, self.arch_settings, 'InLineDeiT',
@@ -97,12 +105,17 @@ class InLineDeiT(InLineBackbone):
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + self.grid[0] * self.grid[1], dim))
         self.pos_drop = nn.Dropout(drop_rate)
         dpr = stochastic_depth_rates([depth], drop_path_rate)[0]
+        # one letter per block: the string read as `depth` one-block stages
+        per_block = isinstance(block_types, str) and len(block_types) == depth
+        letters = sum(parse_block_types(block_types, [1] * depth if per_block else [depth],
+                                        'InLineDeiT'), [])
         self.blocks = nn.ModuleList([
             TransformerBlock(dim,
-                             GlobalAttention(dim, cfg['num_heads'], INLINE, qkv_bias, kernel,
-                                             num_prefix=1, proj_drop=drop_rate),
+                             GlobalAttention(dim, cfg['num_heads'], letter, qkv_bias, kernel,
+                                             num_prefix=1, proj_drop=drop_rate,
+                                             local_residual=local_residual),
                              mlp_ratio, dpr[j], drop_rate, norm_cfg, act_cfg)
-            for j in range(depth)])
+            for j, letter in enumerate(letters)])
         self.final_norm = final_norm
         if final_norm:
             if depth - 1 not in self.out_indices:

@@ -6,7 +6,8 @@ import torch.nn as nn
 
 from mmplugin_inline.core import nlc_to_nchw
 from mmplugin_inline.models.layers import (GlobalAttention, PatchEmbed, TransformerBlock,
-                                           place_pos_embed, resize_pos_embed, run_blocks)
+                                           mixer_class, place_pos_embed, resize_pos_embed,
+                                           run_blocks)
 from mmplugin_inline.registry import MODELS
 
 from .base import InLineBackbone, resolve_arch
@@ -21,9 +22,9 @@ class InLinePVT(InLineBackbone):
 
     Four stages of patch embedding (conv with kernel = stride = 4, then 2; LayerNorm), a
     learned position embedding per stage (sized for ``pretrain_img_size``, resized
-    bilinearly to the input), and blocks. 'I' blocks are InLine attention with keys
-    and values at full resolution; 'S' blocks are PVT's softmax spatial-reduction
-    attention (sr ratios [8, 4, 2, 1]).
+    bilinearly to the input), and blocks. 'I' (InLine) and 'L' (plain linear) blocks
+    attend with keys and values at full resolution; 'S' blocks are PVT's softmax
+    spatial-reduction attention (sr ratios [8, 4, 2, 1]).
 
     Unlike the authors' classifier, each output gets a LayerNorm by default (as in
     PVTv2 and Swin for detection): the FPN then sees features of a fixed scale (the
@@ -34,9 +35,12 @@ class InLinePVT(InLineBackbone):
         arch (str | dict): 't', 's', 'm', 'l' or a dict with ``embed_dims``,
             ``num_heads``, ``mlp_ratios``, ``depths`` (``sr_ratios`` optional).
         in_channels (int): input channels. Default: 3.
-        block_types (str): one letter per stage, 'I' or 'S' (see
+        block_types (str): one letter per stage, 'I', 'S' or 'L' (see
             :func:`~mmplugin_inline.models.layers.parse_block_types`). Default: 'IIII'.
-        kernel (str): InLine feature map. Default: 'identity'.
+        kernel (str, optional): feature map of the linear blocks (see
+            :class:`InLineBackbone`). Default: None.
+        local_residual (bool): linear blocks with their local residual (see
+            :class:`InLineBackbone`). Default: True.
         pretrain_img_size (int): input size the position embeddings are sized for. Default: 224.
         qkv_bias (bool): Default: True.
         drop_rate (float): dropout after position embedding and in MLPs. Default: 0.
@@ -81,11 +85,11 @@ class InLinePVT(InLineBackbone):
                               mlp_ratios=args['mlp_ratios'], depths=args['depths']),
                     norm_cfg=dict(type='LN', eps=args['norm_eps']))
 
-    def __init__(self, arch='t', in_channels=3, block_types='IIII', kernel='identity',
+    def __init__(self, arch='t', in_channels=3, block_types='IIII', kernel=None,
                  pretrain_img_size=224, qkv_bias=True, drop_rate=0.0, drop_path_rate=0.1,
                  out_indices=(0, 1, 2, 3), out_norm=True, frozen_stages=-1, norm_eval=False,
                  with_cp=False, norm_cfg=dict(type='LN', eps=1e-6), act_cfg=dict(type='GELU'),
-                 init_cfg=None, check_finite=False, pad_aware=False):
+                 init_cfg=None, check_finite=False, pad_aware=False, local_residual=True):
         super().__init__(frozen_stages, norm_eval, with_cp, init_cfg, in_channels,
                          check_finite, pad_aware)
         cfg = resolve_arch(arch, self.arch_settings, 'InLinePVT',
@@ -107,9 +111,10 @@ class InLinePVT(InLineBackbone):
                     dims[i],
                     GlobalAttention(dims[i], cfg['num_heads'][i], attn_type=t, qkv_bias=qkv_bias,
                                     kernel=kernel, separate_q=True,
-                                    # a quadratic kind (softmax) reduces its keys
-                                    sr_ratio=1 if t.linear_in_tokens else sr_ratios[i],
-                                    proj_drop=drop_rate),
+                                    # a quadratic mixer (softmax) reduces its keys
+                                    sr_ratio=1 if mixer_class(t).linear_in_tokens
+                                    else sr_ratios[i],
+                                    proj_drop=drop_rate, local_residual=local_residual),
                     mlp_ratio=cfg['mlp_ratios'][i], drop_path=dpr[i][j], drop=drop_rate,
                     norm_cfg=norm_cfg, act_cfg=act_cfg) for j, t in enumerate(types[i])]))
         self._add_out_norms(out_norm, norm_cfg)
@@ -143,33 +148,18 @@ class InLinePVT(InLineBackbone):
         """
         self._check_input(x)
         valid = self._valid_pixels(x, valid_hw)
-        if valid is not None:
-            return self._forward_padded(x, valid)
+        x = self._stem_input(x, valid)
         outs = []
         for i in range(max(self.out_indices) + 1):  # later stages would be unused
             x, hw = getattr(self, f'patch_embed{i + 1}')(x)
             if i == 0:
                 self._check_finite(x, 0)
-            pos = resize_pos_embed(getattr(self, f'pos_embed{i + 1}'), self.grid_sizes[i], hw)
-            x = run_blocks(getattr(self, f'block{i + 1}'), self.pos_drop(x + pos), hw,
-                           self.with_cp)
-            self._check_finite(x, i + 1)
-            if i in self.out_indices:
-                outs.append(self._output(i, x, hw))
-            x = nlc_to_nchw(x, hw)
-        return tuple(outs)
-
-    def _forward_padded(self, x: torch.Tensor, valid) -> Tuple[torch.Tensor, ...]:
-        """:meth:`forward` in pad-aware mode (``valid``: the pixel grid)."""
-        x = self._stem_input(x, valid)
-        outs = []
-        for i in range(max(self.out_indices) + 1):
-            x, hw = getattr(self, f'patch_embed{i + 1}')(x)
-            valid = valid.down(4 if i == 0 else 2, hw)
-            if i == 0:
-                self._check_finite(x, 0)
-            pos = place_pos_embed(getattr(self, f'pos_embed{i + 1}'), self.grid_sizes[i], valid,
-                                  resize_pos_embed)
+            pos_embed = getattr(self, f'pos_embed{i + 1}')
+            if valid is None:
+                pos = resize_pos_embed(pos_embed, self.grid_sizes[i], hw)
+            else:  # each image's own grid, placed into the canvas
+                valid = valid.down(4 if i == 0 else 2, hw)
+                pos = place_pos_embed(pos_embed, self.grid_sizes[i], valid, resize_pos_embed)
             x = run_blocks(getattr(self, f'block{i + 1}'), self.pos_drop(x + pos), hw,
                            self.with_cp, valid)
             self._check_finite(x, i + 1)

@@ -6,28 +6,30 @@ import torch.nn as nn
 from timm.layers import resize_rel_pos_bias_table_simple
 
 from mmplugin_inline.models.layers import (GlobalAttention, PatchEmbed, PatchMerging,
-                                           TransformerBlock, WindowAttention, run_blocks)
+                                           TransformerBlock, WindowAttention, mixer_class,
+                                           run_blocks)
 from mmplugin_inline.registry import MODELS
 
 from .base import InLineBackbone, resolve_arch
 
 
-def swin_mixer(kind, dim, num_heads, qkv_bias, kernel, window_size, shift, inline_window,
-               proj_drop):
-    """The attention of one block of attention ``kind``.
+def swin_attention(letter, dim, num_heads, qkv_bias, kernel, window_size, shift, inline_window,
+                   proj_drop, local_residual=True):
+    """The attention layer of one block whose block letter is ``letter``.
 
-    A kind whose cost is quadratic in the tokens (softmax) attends in windows of
+    A mixer whose cost is quadratic in the tokens (softmax) attends in windows of
     ``window_size``, shifted by half a window when ``shift``. One whose cost is linear
-    (InLine) attends over the whole map, or in unshifted windows of ``inline_window``
-    (the ablation).
+    (InLine, plain linear) attends over the whole map, or in unshifted windows of
+    ``inline_window`` (the ablation).
     """
-    if not kind.linear_in_tokens:
-        return WindowAttention(dim, num_heads, kind, qkv_bias, window_size=window_size,
+    if not mixer_class(letter).linear_in_tokens:
+        return WindowAttention(dim, num_heads, letter, qkv_bias, window_size=window_size,
                                shift=shift, proj_drop=proj_drop)
     if inline_window:
-        return WindowAttention(dim, num_heads, kind, qkv_bias, kernel, window_size=inline_window,
-                               proj_drop=proj_drop)
-    return GlobalAttention(dim, num_heads, kind, qkv_bias, kernel, proj_drop=proj_drop)
+        return WindowAttention(dim, num_heads, letter, qkv_bias, kernel, window_size=inline_window,
+                               proj_drop=proj_drop, local_residual=local_residual)
+    return GlobalAttention(dim, num_heads, letter, qkv_bias, kernel, proj_drop=proj_drop,
+                           local_residual=local_residual)
 
 
 @MODELS.register_module()
@@ -36,17 +38,21 @@ class InLineSwinTransformer(InLineBackbone):
 
     Patch embedding (4x4, LayerNorm), four stages joined by patch merging. InLine
     blocks ('I') were trained with a 56 window at 224 input, i.e. global attention
-    without shift; here they attend over the whole map at every resolution (linear
-    cost), or in windows of ``inline_window`` for ablations. Softmax blocks ('S') are
-    Swin's W-MSA / SW-MSA: window 7, relative position bias, shift 3 on odd blocks.
+    without shift; here they (and plain linear blocks, 'L') attend over the whole map at
+    every resolution (linear cost), or in windows of ``inline_window`` for ablations.
+    Softmax blocks ('S') are Swin's W-MSA / SW-MSA: window 7, relative position bias,
+    shift 3 on odd blocks.
 
     Args:
         arch (str | dict): 't', 's', 'b' or a dict with ``embed_dim``, ``depths``,
             ``num_heads`` (``block_types`` optional).
         in_channels (int): Default: 3.
-        block_types (str, optional): per stage 'I' / 'S' / 'M' + count; None takes the
-            arch's ('IIIS', 'IISS', 'IIMS2' for t, s, b).
-        kernel (str): InLine feature map. Default: 'identity'.
+        block_types (str, optional): per stage 'I' / 'S' / 'L' / 'M' + count; None takes
+            the arch's ('IIIS', 'IISS', 'IIMS2' for t, s, b).
+        kernel (str, optional): feature map of the linear blocks (see
+            :class:`InLineBackbone`). Default: None.
+        local_residual (bool): linear blocks with their local residual (see
+            :class:`InLineBackbone`). Default: True.
         window_size (int): softmax window. Default: 7.
         inline_window (int, optional): run InLine blocks in windows of this size.
         mlp_ratio (float): Default: 4.
@@ -89,11 +95,12 @@ class InLineSwinTransformer(InLineBackbone):
                     arch=dict(embed_dim=args['embed_dim'], depths=args['depths'],
                               num_heads=args['num_heads']))
 
-    def __init__(self, arch='t', in_channels=3, block_types=None, kernel='identity', window_size=7,
+    def __init__(self, arch='t', in_channels=3, block_types=None, kernel=None, window_size=7,
                  inline_window=None, mlp_ratio=4.0, qkv_bias=True, drop_rate=0.0,
                  drop_path_rate=0.2, out_indices=(0, 1, 2, 3), out_norm=True, frozen_stages=-1,
                  norm_eval=False, with_cp=False, norm_cfg=dict(type='LN'),
-                 act_cfg=dict(type='GELU'), init_cfg=None, check_finite=False, pad_aware=False):
+                 act_cfg=dict(type='GELU'), init_cfg=None, check_finite=False, pad_aware=False,
+                 local_residual=True):
         super().__init__(frozen_stages, norm_eval, with_cp, init_cfg, in_channels,
                          check_finite, pad_aware)
         cfg = resolve_arch(arch, self.arch_settings, 'InLineSwinTransformer',
@@ -109,9 +116,10 @@ class InLineSwinTransformer(InLineBackbone):
         for i, depth in enumerate(depths):
             stage = nn.Module()
             blocks = []
-            for j, kind in enumerate(types[i]):
-                attn = swin_mixer(kind, dims[i], cfg['num_heads'][i], qkv_bias, kernel,
-                                  window_size, j % 2 == 1, inline_window, drop_rate)
+            for j, letter in enumerate(types[i]):
+                attn = swin_attention(letter, dims[i], cfg['num_heads'][i], qkv_bias, kernel,
+                                      window_size, j % 2 == 1, inline_window, drop_rate,
+                                      local_residual)
                 blocks.append(TransformerBlock(dims[i], attn, mlp_ratio, dpr[i][j], drop_rate,
                                                norm_cfg, act_cfg))
             stage.blocks = nn.ModuleList(blocks)

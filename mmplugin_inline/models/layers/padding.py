@@ -128,10 +128,19 @@ def valid_sizes_of(x: torch.Tensor, valid_hw=None) -> Optional[ValidGrid]:
     return None if grid.full else grid
 
 
+def token_mean(x: torch.Tensor, valid: Optional[ValidGrid] = None,
+               num_prefix: int = 0) -> torch.Tensor:
+    """The mean token of each sample, [B, C]: over every token of ``x`` [B, N, C], or with
+    ``valid`` over each image's real ones (prefix tokens count)."""
+    return x.mean(dim=1) if valid is None else valid.mean(x, num_prefix)
+
+
 def key_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive softmax bias [G, 1, 1, N] from a key mask [G, N] (true = real key)."""
-    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    return bias.masked_fill_(~mask, PAD_MASK_VALUE)[:, None, None, :]
+    """Additive softmax bias [G, 1, 1, N] from a key mask [G, N] (true = real key):
+    0 on real keys, :data:`PAD_MASK_VALUE` on the others."""
+    # (m - 1) * 100 is 0 or -100 exactly; written with arithmetic, not a masked fill, so
+    # that the FLOP counter sees element-wise ops it knows
+    return ((mask.to(dtype) - 1) * -PAD_MASK_VALUE)[:, None, None, :]
 
 
 def place_pos_embed(pos_embed: torch.Tensor, src_hw: Tuple[int, int], grid: ValidGrid,

@@ -1,8 +1,8 @@
 """Swin's attention in (shifted) windows, and the pieces only windows need.
 
-The relative position index of a window, the additive mask of shifted / padded
-windows (CSWin's padded stripes use it too: a stripe is a window), the per-key mask
-of padded windows (InLine), and :class:`WindowAttention`.
+The relative position index of a window, the additive mask of shifted windows, the
+per-key mask of padded windows, :class:`WindowGrid` (a map cut into windows and pasted
+back: CSWin's stripes use it too, a stripe is a window) and :class:`WindowAttention`.
 """
 from collections import OrderedDict
 from typing import Callable, Optional, Tuple
@@ -10,8 +10,8 @@ from typing import Callable, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from mmplugin_inline.core import (crop_to, fast_paths_enabled, pad_to_multiple, window_partition,
-                                  window_reverse)
+from mmplugin_inline.core import (crop_to, fast_paths_enabled, pad_amount, pad_to_multiple,
+                                  window_partition, window_reverse)
 from mmplugin_inline.core.tokens import known_equal
 
 from .attention import MultiHeadAttentionBase
@@ -106,57 +106,120 @@ def _shifted_window_mask(hw, valid_hw, window, shift, device):
 
 
 def padding_key_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: Tuple[int, int],
-                     batch: int, device=None) -> Optional[torch.Tensor]:
+                     batch: int, device=None, shift: Tuple[int, int] = (0, 0)
+                     ) -> Optional[torch.Tensor]:
     """Which tokens of each window of a bottom / right padded map are real, or None.
 
     Returns a bool [batch * nW, wh * ww] (windows batch-major, as
     :func:`~mmplugin_inline.core.window_partition` orders them), or None when the map
-    ``hw`` has no padding beyond ``valid_hw``. Cached per size (:func:`cached_mask`);
-    the caller must not write into the result.
+    ``hw`` has no padding beyond ``valid_hw``. With ``shift`` the map is rolled by
+    ``-shift`` first (Swin's cyclic shift). Cached per size (:func:`cached_mask`); the
+    caller must not write into the result.
     """
-    key = ('pad', *hw, *valid_hw, *window, batch, str(device))
-    return cached_mask(key, lambda: _padding_key_mask(hw, valid_hw, window, batch, device))
+    key = ('pad', *hw, *valid_hw, *window, batch, *shift, str(device))
+    return cached_mask(key, lambda: _padding_key_mask(hw, valid_hw, window, batch, device,
+                                                      shift))
 
 
-def _padding_key_mask(hw, valid_hw, window, batch, device):
+def _padding_key_mask(hw, valid_hw, window, batch, device, shift=(0, 0)):
     (h, w), (vh, vw) = hw, valid_hw
     if known_equal(vh, h) and known_equal(vw, w):
         return None
     valid = (torch.arange(h, device=device) < vh)[:, None] \
         & (torch.arange(w, device=device) < vw)[None, :]                  # [H, W]
-    valid = window_partition(valid[None, :, :, None], window).squeeze(-1)  # [nW, N]
-    return valid.repeat(batch, 1)
+    return _window_keys(valid[None], window, shift).repeat(batch, 1)
+
+
+def _window_keys(real: torch.Tensor, window: Tuple[int, int], shift: Tuple[int, int]):
+    """A bool map [B, H, W] (H, W whole windows) -> its windows' tokens, [B * nW, wh * ww]."""
+    if any(shift):
+        real = torch.roll(real, shifts=(-shift[0], -shift[1]), dims=(1, 2))
+    return window_partition(real.unsqueeze(-1), window).squeeze(-1)
+
+
+class WindowGrid:
+    """A channels-last map cut into (shifted) windows, and pasted back.
+
+    The map ``hw`` is padded bottom / right to whole windows, rolled by ``-shift`` (Swin's
+    cyclic shift) and cut row-major, windows batch-major: :meth:`cut` and :meth:`paste`.
+    :attr:`key_mask` says which tokens of each window are real: None when all are; else a
+    bool [B * nW, wh * ww], false on the padding to whole windows and, given ``real``
+    (bool [B, H, W], the pad-aware mode), on each image's padding in the canvas.
+
+    Args:
+        hw (tuple[int, int]): the map (H, W).
+        window (tuple[int, int]): the window (wh, ww); a stripe is a window.
+        batch (int): B.
+        shift (tuple[int, int]): cyclic shift. Default: (0, 0).
+        real (Tensor, optional): bool [B, H, W], true on real tokens.
+        device: where masks are built.
+    """
+
+    def __init__(self, hw, window, batch, shift=(0, 0), real=None, device=None):
+        self.hw, self.window, self.shift, self.batch, self.real = hw, window, shift, batch, real
+        self.device = device
+        self.padded = (hw[0] + pad_amount(hw[0], window[0]), hw[1] + pad_amount(hw[1], window[1]))
+        if real is None:
+            self.key_mask = padding_key_mask(self.padded, hw, window, batch, device, shift)
+        else:
+            self.key_mask = _window_keys(pad_to_multiple(real.unsqueeze(-1), window)[0]
+                                         .squeeze(-1), window, shift)
+
+    def cut(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, H, W, C] -> [B * nW, wh * ww, C] (padded with zeros, rolled, partitioned)."""
+        x, _ = pad_to_multiple(x, self.window)
+        if any(self.shift):
+            x = torch.roll(x, shifts=(-self.shift[0], -self.shift[1]), dims=(1, 2))
+        return window_partition(x, self.window)
+
+    def paste(self, windows: torch.Tensor) -> torch.Tensor:
+        """The inverse of :meth:`cut`: [B * nW, wh * ww, C] -> [B, H, W, C] (a cropped view)."""
+        x = window_reverse(windows, self.window, self.padded)
+        if any(self.shift):
+            x = torch.roll(x, shifts=self.shift, dims=(1, 2))
+        return crop_to(x, self.hw)
+
+    def means(self, windows: torch.Tensor) -> torch.Tensor:
+        """The mean of each window's real tokens, [B * nW, C], of the windows that
+        :meth:`cut` gave, [B * nW, wh * ww, C]."""
+        if self.key_mask is None:
+            return windows.mean(dim=1)
+        real = torch.where(self.key_mask.unsqueeze(-1), windows, windows.new_zeros(()))
+        return real.sum(dim=1) / self.key_mask.sum(dim=1, keepdim=True).clamp_min(1).to(
+            windows.dtype)
 
 
 class WindowAttention(MultiHeadAttentionBase):
-    """Attention in (shifted) windows: Swin's W-MSA / SW-MSA, or InLine in windows.
+    """Attention in (shifted) windows: Swin's W-MSA / SW-MSA, or a linear mixer in windows.
 
-    Any H x W: the map is padded to whole windows, padded keys are masked and the
-    output is cropped. For softmax an additive bias removes them; for InLine a per-key
-    mask takes them out of the means, ``K^T V`` and the mean token, and zeroes their
-    values in the local residual, so a border window gives what its real tokens give
-    alone. As in the authors' Swin, a map no larger than one window in its short side
-    gets no shift. InLine windows are never shifted (``shift=True`` with 'I' raises):
-    a shifted window mixes regions whose queries see different keys, which a per-key
-    mask cannot express.
+    Any H x W: the map is padded to whole windows and the output is cropped; the padded
+    tokens are not real (the mixer's ``key_mask``), so a border window gives what its
+    real tokens give alone. As in the
+    authors' Swin, a map no larger than one window in its short side gets no shift.
+    Shifted windows and the relative position bias are for mixers that take an additive
+    bias (softmax): a shifted window mixes regions whose queries see different keys,
+    which a per-key mask cannot express (``shift=True`` with 'I' or 'L' raises).
 
     Args:
         dim (int): width.
         num_heads (int): heads.
-        attn_type (str): 'S' (softmax) or 'I' (InLine in windows). Default: 'S'.
+        attn_type (str | type): 'S' (softmax), 'I' or 'L' (see
+            :class:`~.attention.MultiHeadAttentionBase`). Default: 'S'.
         qkv_bias (bool): bias in the ``qkv`` projection. Default: True.
-        kernel (str): InLine feature map. Default: 'identity'.
+        kernel (str, optional): feature map of the linear mixers. Default: None.
         window_size (int): window side. Default: 7.
         shift (bool): shift the windows by half a window (SW-MSA, softmax only).
             Default: False.
         rel_pos_bias (bool): learned relative position bias (softmax). Default: True
-            for 'S', ignored for 'I'.
+            for 'S', ignored otherwise.
         proj_drop (float): dropout after the output projection. Default: 0.
+        local_residual (bool): linear mixers with their local residual. Default: True.
     """
 
-    def __init__(self, dim, num_heads, attn_type='S', qkv_bias=True, kernel='identity',
-                 window_size=7, shift=False, rel_pos_bias=True, proj_drop=0.0):
-        super().__init__(dim, num_heads, attn_type, kernel)
+    def __init__(self, dim, num_heads, attn_type='S', qkv_bias=True, kernel=None,
+                 window_size=7, shift=False, rel_pos_bias=True, proj_drop=0.0,
+                 local_residual=True):
+        super().__init__(dim, num_heads, attn_type, kernel, local_residual)
         # created before the bias table (as GlobalAttention does): the seeded
         # initialisation and the parameter order (optimizer state) depend on it
         self.qkv = Linear(dim, dim * 3, bias=qkv_bias)
@@ -164,11 +227,12 @@ class WindowAttention(MultiHeadAttentionBase):
         self.proj_drop = nn.Dropout(proj_drop)
         if window_size < 1:
             raise ValueError(f'window_size must be positive, got {window_size}')
-        if shift and not self.kind.can_shift:
-            raise ValueError("shifted windows are softmax only (attn_type='S'); InLine "
-                             "windows (attn_type='I') take shift=False")
+        if shift and not self.mixer.takes_bias:
+            raise ValueError(f"shifted windows are softmax only (attn_type='S'); "
+                             f"{self.mixer.name} windows (attn_type={self.attn_type!r}) "
+                             'take shift=False')
         self.window_size, self.shift = window_size, shift
-        self.use_rel_pos = self.kind.relative_position_bias and rel_pos_bias
+        self.use_rel_pos = self.mixer.takes_bias and rel_pos_bias
         if self.use_rel_pos:
             self.relative_position_bias_table = nn.Parameter(
                 torch.zeros((2 * window_size - 1) ** 2, num_heads))
@@ -178,135 +242,64 @@ class WindowAttention(MultiHeadAttentionBase):
                                  persistent=False)
 
     def project(self, x: torch.Tensor):
-        """q, k, v of the window tokens ``x``, each [G, N, C]."""
+        """q, k, v of the tokens ``x``, each [..., C]."""
         return self.qkv(x).chunk(3, dim=-1)
 
+    def shift_for(self, hw: Tuple[int, int]) -> int:
+        """The shift of a map of size ``hw``: half a window for SW-MSA, none for a map no
+        larger than one window in its short side."""
+        return self.window_size // 2 if self.shift and min(hw) > self.window_size else 0
+
     def forward(self, x: torch.Tensor, hw: Tuple[int, int], valid=None) -> torch.Tensor:
-        """x: [B, H*W, C] -> [B, H*W, C]; ``valid``: see :meth:`_forward_padded`."""
-        if valid is not None:
-            return self._forward_padded(x, hw, valid)
-        if self.kind.reads_mean_token and fast_paths_enabled():
-            return self._inline_windows(x, hw)
-        b, n, c = x.shape
-        h, w = hw
-        ws = self.window_size
-        shift = ws // 2 if self.shift and min(h, w) > ws else 0
-        xm, _ = pad_to_multiple(x.view(b, h, w, c), (ws, ws))
-        hp, wp = xm.shape[1:3]
-        if shift:
-            xm = torch.roll(xm, shifts=(-shift, -shift), dims=(1, 2))
-        windows = window_partition(xm, (ws, ws))                      # [B*nW, ws*ws, C]
-        q, k, v = self.project(windows)
-        if self.kind.reads_mean_token:  # InLine: padded keys masked out of its statistics
-            valid = padding_key_mask((hp, wp), (h, w), (ws, ws), b, x.device)
-            if valid is None:
-                mean_token = windows.mean(dim=1)
-            else:  # the padded tokens of x are zeros: sum over the window / real count
-                mean_token = windows.sum(dim=1) / valid.sum(dim=1, keepdim=True).to(x.dtype)
-            out = self.attend(q, k, v, (ws, ws), mean_token=mean_token, key_mask=valid)
-        else:  # softmax: padded keys (and the shift's wrapped regions) masked by a bias
-            bias = shifted_window_mask((hp, wp), (h, w), (ws, ws), (shift, shift), x.device)
-            out = self._softmax_windows(q, k, v, bias, b)
-        out = window_reverse(out, (ws, ws), (hp, wp))
-        if shift:
-            out = torch.roll(out, shifts=(shift, shift), dims=(1, 2))
-        out = crop_to(out, hw).reshape(b, n, c)
-        return self.proj_drop(self.proj(out))
+        """x: [B, H*W, C] -> [B, H*W, C].
 
-    def _inline_windows(self, x: torch.Tensor, hw: Tuple[int, int]) -> torch.Tensor:
-        """InLine in windows, projecting the real tokens only and padding after.
-
-        The reference (:meth:`forward` on the reference paths) pads ``x`` first, so the
-        projection ran on tokens that are masked and cropped away (a 128 map in 14
-        windows is padded to 140: 20% more tokens). Here q, k, v of the padding are
-        zeros: the padded keys are masked out of every statistic either way, padded
-        values are zero for the local residual either way, and the padded queries'
-        outputs are cropped, so the result is the same.
+        ``valid`` (pad-aware mode, a :class:`~.padding.ValidGrid`): each image's padded
+        tokens are not real. The shift follows each image's own size (as it would alone);
+        images that differ are attended in two groups. With its padded keys masked, a
+        shifted image gives in a larger canvas what it gives alone: the windows are
+        offset by the same shift from the top left, and the roll's wrap-around lands in
+        masked padding or another region.
         """
-        b, n, c = x.shape
-        h, w = hw
-        ws = self.window_size
-        qkv, _ = pad_to_multiple(self.qkv(x).view(b, h, w, 3 * c), (ws, ws))
-        hp, wp = qkv.shape[1:3]
-        q, k, v = window_partition(qkv, (ws, ws)).chunk(3, dim=-1)      # [B*nW, ws*ws, C]
-        valid = padding_key_mask((hp, wp), (h, w), (ws, ws), b, x.device)
-        # the mean token of each window's real tokens: window sums of the zero-padded
-        # map over the count of real tokens (no window copy of x is made)
-        xm, _ = pad_to_multiple(x.view(b, h, w, c), (ws, ws))
-        sums = xm.view(b, hp // ws, ws, wp // ws, ws, c).sum(dim=(2, 4)).reshape(-1, c)
-        count = ws * ws if valid is None else valid.sum(dim=1, keepdim=True).to(x.dtype)
-        out = self.attend(q, k, v, (ws, ws), mean_token=sums / count, key_mask=valid)
-        out = crop_to(window_reverse(out, (ws, ws), (hp, wp)), hw).reshape(b, n, c)
-        return self.proj_drop(self.proj(out))
-
-    def _forward_padded(self, x: torch.Tensor, hw: Tuple[int, int], valid) -> torch.Tensor:
-        """Pad-aware windows: each image's padded tokens are masked per image.
-
-        The shift follows each image's own size (an image no larger than one window in
-        its short side gets none, as it would alone); images that differ are attended in
-        two groups. With its padded keys masked, a shifted image gives in a larger canvas
-        what it gives alone: the windows are offset by the same shift from the top left,
-        and the roll's wrap-around lands in masked padding or another region.
-        """
-        ws = self.window_size
-        shifts = [ws // 2 if self.shift and min(s) > ws else 0 for s in valid.sizes]
-        if len(set(shifts)) == 1:
-            return self._padded_windows(x, hw, valid.map_mask(), shifts[0])
-        out = torch.empty_like(x)
+        if valid is None:
+            return self._attend(x, hw, None, self.shift_for(hw))
+        shifts = [self.shift_for(size) for size in valid.sizes]
         mask = valid.map_mask()
+        if len(set(shifts)) == 1:
+            return self._attend(x, hw, mask, shifts[0])
+        out = torch.empty_like(x)
         for shift in sorted(set(shifts)):
             idx = torch.tensor([i for i, s in enumerate(shifts) if s == shift], device=x.device)
-            out[idx] = self._padded_windows(x[idx], hw, mask[idx], shift)
+            out[idx] = self._attend(x[idx], hw, mask[idx], shift)
         return out
 
-    def _padded_windows(self, x, hw, mask, shift: int) -> torch.Tensor:
-        """Windows over the canvas with the per-image token mask ``mask`` [B, H, W]."""
+    def _attend(self, x, hw, real, shift: int) -> torch.Tensor:
+        """The windows of ``x`` [B, H*W, C] with real tokens ``real`` (bool [B, H, W] or
+        None: all real), shifted by ``shift``."""
         b, n, c = x.shape
         ws = self.window_size
-        xm, _ = pad_to_multiple(x.view(b, *hw, c), (ws, ws))
-        real, _ = pad_to_multiple(mask.unsqueeze(-1).to(x.dtype), (ws, ws))
-        hp, wp = xm.shape[1:3]
-        if shift:
-            xm, real = (torch.roll(t, shifts=(-shift, -shift), dims=(1, 2)) for t in (xm, real))
-        windows = window_partition(xm, (ws, ws))                      # [B*nW, ws*ws, C]
-        keys = window_partition(real, (ws, ws)).squeeze(-1) > 0       # [B*nW, ws*ws]
+        grid = WindowGrid(hw, (ws, ws), b, (shift, shift), real, x.device)
+        windows = grid.cut(x.view(b, hw[0], hw[1], c))                # [B*nW, ws*ws, C]
         q, k, v = self.project(windows)
-        if self.kind.reads_mean_token:  # InLine: the real tokens' statistics per window
-            count = keys.sum(dim=1, keepdim=True).clamp_min(1).to(x.dtype)
-            mean_token = torch.where(keys.unsqueeze(-1), windows, 0.0).sum(dim=1) / count
-            out = self.attend(q, k, v, (ws, ws), mean_token=mean_token, key_mask=keys)
-        else:  # softmax: the shift's region mask and each image's padded keys
-            region = shifted_window_mask((hp, wp), (hp, wp), (ws, ws), (shift, shift), x.device)
-            nw = keys.shape[0] // b
-            removed = ~keys.view(b, nw, 1, -1)
-            if region is not None:
-                removed = removed | (region != 0).unsqueeze(0)
-            bias = torch.zeros(removed.shape, dtype=q.dtype, device=x.device)
-            bias = bias.masked_fill_(removed, MASK_VALUE).flatten(0, 1).unsqueeze(1)
-            if self.use_rel_pos:
-                bias = bias + self._relative_position_bias(ws * ws).to(q.dtype)
-            out = self.attend(q, k, v, bias=bias)
-        out = window_reverse(out, (ws, ws), (hp, wp))
-        if shift:
-            out = torch.roll(out, shifts=(shift, shift), dims=(1, 2))
-        out = crop_to(out, hw).reshape(b, n, c)
-        return self.proj_drop(self.proj(out))
+        out = self.mixer(q, k, v, (ws, ws), mean_token=lambda: grid.means(windows),
+                         key_mask=grid.key_mask, bias=self._bias(grid, ws * ws))
+        return self.proj_drop(self.proj(grid.paste(out).reshape(b, n, c)))
+
+    def _bias(self, grid: WindowGrid, n: int) -> Optional[torch.Tensor]:
+        """The additive bias of the windows: the learned relative position bias
+        [heads, n, n] and, for shifted windows, the region mask (keys of another region
+        than the query's are removed) per window, [B * nW, heads | 1, n, n]; or None."""
+        bias = self._relative_position_bias(n) if self.use_rel_pos else None
+        if any(grid.shift):
+            region = shifted_window_mask(grid.padded, grid.padded, grid.window, grid.shift,
+                                         grid.device).unsqueeze(1)            # [nW, 1, n, n]
+            bias = region if bias is None else bias.unsqueeze(0) + region
+            # windows are ordered batch-major: [B*nW, ...] -> per-window bias repeated over B
+            # (not for a batch of one: the copy would be of the whole [nW, heads, n, n])
+            if not known_equal(grid.batch, 1):
+                bias = bias.repeat(grid.batch, 1, 1, 1)
+        return bias
 
     def _relative_position_bias(self, n: int) -> torch.Tensor:
         """The learned relative position bias of an ``n``-token window: [heads, n, n]."""
         bias = self.relative_position_bias_table[self.relative_position_index.view(-1)]
         return bias.view(n, n, -1).permute(2, 0, 1)
-
-    def _softmax_windows(self, q, k, v, mask, batch):
-        """Softmax per window with relative position bias and the window mask."""
-        bias = None
-        if self.use_rel_pos:
-            bias = self._relative_position_bias(q.shape[1])                  # [heads, N, N]
-        if mask is not None:
-            mask = mask.unsqueeze(1)                                         # [nW, 1, N, N]
-            bias = mask if bias is None else bias.unsqueeze(0) + mask
-            # windows are ordered batch-major: [B*nW, ...] -> per-window bias repeated over B
-            # (not for a batch of one: the copy would be of the whole [nW, heads, N, N])
-            if not (known_equal(batch, 1) and fast_paths_enabled()):
-                bias = bias.repeat(batch, 1, 1, 1)
-        return self.attend(q, k, v, bias=bias)

@@ -1,0 +1,351 @@
+"""Token mixers: what an attention layer does after it has made q, k and v.
+
+A mixer is a small module that owns its parameters and is called the same way by every
+attention layer (whole map, spatial reduction, windows, stripes, a cls prefix)::
+
+    out = mixer(q, k, v, hw, mean_token=..., key_mask=..., bias=..., num_prefix=...)
+
+The layers group the tokens and hand each group over; they never ask which mixer it is.
+A block letter (the authors' vocabulary, kept in configs: ``'IIIS'``, ``'IIMS2'``)
+selects a mixer class in one table, :data:`MIXERS`:
+
+======  ========================  ====================================================
+letter  class                     what it computes
+======  ========================  ====================================================
+'I'     :class:`InLineMixer`      InLine attention (injective: the mean score is
+                                  subtracted) plus the local residual
+'L'     :class:`LinearMixer`      plain linear attention (sum-normalised, the paper's
+                                  baseline) plus the local residual
+'S'     :class:`SoftmaxMixer`     softmax attention (SDPA) with an additive bias
+======  ========================  ====================================================
+
+``local_residual=False`` builds 'I' and 'L' without the residual and its parameters (the
+paper's ablations). Two class attributes tell a family how it may group the tokens:
+``linear_in_tokens`` (cost linear in the group size, so a whole map is affordable) and
+``takes_bias`` (an additive score bias is defined: relative positions, shifted-window
+masks).
+"""
+from typing import Callable, Optional, Tuple, Type, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from mmplugin_inline.core import (NONNEGATIVE_FEATURE_MAPS, get_feature_map, inline_attention,
+                                  linear_attention, local_residual_nhwc)
+
+from .padding import key_bias
+
+
+def check_heads(dim: int, num_heads: int) -> None:
+    """Raise a clear error when ``num_heads`` does not divide ``dim``."""
+    if num_heads < 1 or dim % num_heads:
+        divisors = [n for n in range(1, dim + 1) if dim % n == 0]
+        raise ValueError(f'num_heads={num_heads} must divide the width {dim} (each head '
+                         f'gets width / num_heads channels): set num_heads in the arch to one '
+                         f'of {divisors}, or change the width')
+
+
+def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """[B, N, C] -> [B, heads, N, C // heads]."""
+    b, n, c = x.shape
+    return x.view(b, n, num_heads, c // num_heads).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """[B, heads, N, d] -> [B, N, heads * d]."""
+    b, h, n, d = x.shape
+    x = x.transpose(1, 2)
+    if torch.compiler.is_exporting():
+        # SDPA's traced output strides are [B, N, heads, d] memory (the CPU kernel's), so
+        # the graph records this as a view; the ONNX exporter then decomposes SDPA into
+        # ops with [B, heads, N, d] memory, where that view fails (InLine-Swin-T's
+        # softmax windows). An explicit copy in exported graphs only: eager keeps the
+        # free view when the memory allows it
+        x = x.clone(memory_format=torch.contiguous_format)
+    return x.reshape(b, n, h * d)
+
+
+def grouped_pointwise(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
+    """``conv`` (a grouped ``Conv1d`` of kernel size 1) on one token per sample: [B, Cin] -> [B, Cout].
+
+    The same product as ``conv(x.unsqueeze(-1)).squeeze(-1)``, as one batched matrix
+    product over the groups: a convolution call on a length-1 sequence costs more in
+    set-up (oneDNN on the CPU, cuDNN on the GPU) than its few multiply-adds.
+    """
+    g = conv.groups
+    cin, cout = conv.in_channels // g, conv.out_channels // g
+    w = conv.weight.view(g, cout, cin).transpose(1, 2)                  # [g, Cin/g, Cout/g]
+    xg = x.view(x.shape[0], g, cin).transpose(0, 1)                    # [g, B, Cin/g]
+    y = torch.bmm(xg, w) if conv.bias is None else \
+        torch.baddbmm(conv.bias.view(g, 1, cout), xg, w)               # [g, B, Cout/g]
+    return y.transpose(0, 1).reshape(x.shape[0], g * cout)
+
+
+class ResidualKernelPredictor(nn.Sequential):
+    """Predicts the per-sample 3x3 depthwise kernels of the local residual.
+
+    ``Conv1d(C, C, 1, groups=heads) -> GELU -> Conv1d(C, 9C, 1, groups=heads)`` on the
+    mean token; output [B, C, 3, 3]. The modules are the authors' (their checkpoints
+    load as they are); :meth:`forward` runs them as grouped matrix products
+    (:func:`grouped_pointwise`), the same values as the convolutions.
+    """
+
+    def __init__(self, dim: int, num_heads: int):
+        super().__init__(
+            nn.Conv1d(dim, dim, kernel_size=1, groups=num_heads), nn.GELU(),
+            nn.Conv1d(dim, dim * 9, kernel_size=1, groups=num_heads))
+
+    def forward(self, mean_token: torch.Tensor) -> torch.Tensor:  # [B, C] -> [B, C, 3, 3]
+        b, c = mean_token.shape
+        hidden = self[1](grouped_pointwise(mean_token, self[0]))
+        return grouped_pointwise(hidden, self[2]).view(b, c, 3, 3)
+
+
+MeanToken = Union[None, torch.Tensor, Callable[[], torch.Tensor]]
+
+
+class Mixer(nn.Module):
+    """Base of the token mixers: multi-head attention over projected q, k, v.
+
+    Args:
+        dim (int): width of q, k, v.
+        num_heads (int): number of heads.
+        kernel (str, optional): feature map phi of the linear mixers; None takes the
+            mixer's own default. Softmax has no feature map and ignores it.
+        local_residual (bool): build the local residual (linear mixers). Default: True.
+
+    Attributes:
+        letter (str): its letter in block-type strings.
+        name (str): its name in messages.
+        linear_in_tokens (bool): cost linear in the group size, so a family may attend
+            over the whole map at any size; otherwise it bounds the group by windows,
+            stripes or spatial reduction.
+        takes_bias (bool): an additive score bias (relative positions, shift masks) is
+            defined for it.
+    """
+    letter = ''
+    name = ''
+    linear_in_tokens = False
+    takes_bias = False
+
+    def __init__(self, dim: int, num_heads: int, kernel: Optional[str] = None,
+                 local_residual: bool = True):
+        super().__init__()
+        check_heads(dim, num_heads)
+        self.dim, self.num_heads = dim, num_heads
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                hw: Optional[Tuple[int, int]] = None, mean_token: MeanToken = None,
+                key_mask: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
+                num_prefix: int = 0) -> torch.Tensor:
+        """Attend within each group of tokens.
+
+        Args:
+            q, k, v (Tensor): [G, N, C] (G groups: batch x windows); k and v may have
+                another length than q (spatial reduction).
+            hw (tuple[int, int]): the map the last ``N - num_prefix`` value tokens form
+                (the local residual's image).
+            mean_token (Tensor | callable): [G, C], the input of the residual kernel
+                predictor, or a function that returns it (called only by a mixer that
+                reads it). With a ``key_mask`` it is the mean of the real tokens.
+            key_mask (Tensor, optional): bool [G, N] over the keys, true for a real token
+                (prefix tokens included, and real). A token that is not real (padding to
+                whole windows, the pad-aware mode's batch padding) leaves every statistic
+                and its value is zero for the local residual. None: all real, no mask work.
+            bias (Tensor, optional): additive score bias broadcastable to
+                [G, heads, N, N]; only for mixers with ``takes_bias``.
+            num_prefix (int): leading tokens (cls) left out of the local residual.
+
+        Returns:
+            Tensor: [G, Nq, C].
+        """
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f'dim={self.dim}, num_heads={self.num_heads}'
+
+
+class SoftmaxMixer(Mixer):
+    """Softmax attention through SDPA, with an optional additive bias.
+
+    Keys that are not real get the removing bias of :func:`~.padding.key_bias` (finite:
+    a query whose keys are all padding stays finite; its output is cropped away).
+    """
+    letter, name = 'S', 'softmax'
+    takes_bias = True
+
+    def forward(self, q, k, v, hw=None, mean_token=None, key_mask=None, bias=None,
+                num_prefix=0):
+        if bias is not None:
+            bias = bias.to(q.dtype)
+        if key_mask is not None:
+            removed = key_bias(key_mask, q.dtype)                          # [G, 1, 1, N]
+            bias = removed if bias is None else bias + removed
+        h = self.num_heads
+        out = F.scaled_dot_product_attention(split_heads(q, h), split_heads(k, h),
+                                             split_heads(v, h), attn_mask=bias)
+        return merge_heads(out)
+
+
+class LinearCostMixer(Mixer):
+    """Base of the mixers whose cost is linear in the tokens: a feature map phi, an
+    attention function of [B, heads, N, d] tensors, and the local residual.
+
+    The local residual is a 3x3 depthwise convolution of V (as an image), one kernel per
+    sample and channel, predicted by :class:`ResidualKernelPredictor` (``residual``, the
+    authors' name) from the mean token.
+    """
+    linear_in_tokens = True
+    #: phi when ``kernel`` is None
+    default_kernel = 'identity'
+
+    def __init__(self, dim, num_heads, kernel=None, local_residual=True):
+        super().__init__(dim, num_heads)
+        self.kernel = self.check_kernel(self.default_kernel if kernel is None else kernel)
+        self.local_residual = bool(local_residual)
+        if self.local_residual:
+            self.residual = ResidualKernelPredictor(dim, num_heads)
+        else:
+            self.residual = None
+
+    def check_kernel(self, kernel: str) -> str:
+        """``kernel`` if this mixer can use it; an unknown name fails here, at build."""
+        get_feature_map(kernel)
+        return kernel
+
+    def attention(self, q, k, v, key_mask=None) -> torch.Tensor:
+        """The attention itself: [B, heads, N, d] in and out."""
+        raise NotImplementedError
+
+    def forward(self, q, k, v, hw=None, mean_token=None, key_mask=None, bias=None,
+                num_prefix=0):
+        if bias is not None:
+            raise ValueError(f'{self.name} attention takes no additive bias (relative '
+                             'positions and shifted windows are softmax only)')
+        h = self.num_heads
+        out = merge_heads(self.attention(split_heads(q, h), split_heads(k, h), split_heads(v, h),
+                                         key_mask))
+        if self.residual is not None:
+            if hw is None or mean_token is None:
+                raise ValueError(f'{self.name} attention with its local residual needs hw '
+                                 '(the map of the value tokens) and mean_token')
+            mean = mean_token() if callable(mean_token) else mean_token
+            self._add_local_residual(out, v, hw, mean, key_mask, num_prefix)
+        return out
+
+    def _add_local_residual(self, out, v, hw, mean_token, key_mask, num_prefix) -> None:
+        """``out[:, num_prefix:] +=`` the local residual of ``v`` (in place)."""
+        weights = self.residual(mean_token)                          # [G, C, 3, 3]
+        g, _, c = v.shape
+        v = v[:, num_prefix:]
+        if key_mask is not None:  # values that are not real -> 0 (zero padding at the border)
+            v = v * key_mask[:, num_prefix:].unsqueeze(-1).to(v.dtype)
+        # tokens are a channels-last map already: no transpose to NCHW and back
+        res = local_residual_nhwc(v.reshape(g, hw[0], hw[1], c), weights)
+        # added in place into the attention output (a fresh tensor): no third N x C
+        # tensor, and the prefix rows (cls) are left as they are
+        out[:, num_prefix:].view(g, hw[0], hw[1], c).add_(res)
+
+    def extra_repr(self) -> str:
+        return f'{super().extra_repr()}, kernel={self.kernel!r}, ' \
+               f'local_residual={self.local_residual}'
+
+
+class InLineMixer(LinearCostMixer):
+    """InLine attention (:func:`~mmplugin_inline.core.inline_attention`): the mean score
+    subtracted instead of a division by the sum; plus the local residual."""
+    letter, name = 'I', 'InLine'
+
+    def attention(self, q, k, v, key_mask=None):
+        return inline_attention(q, k, v, kernel=self.kernel, key_mask=key_mask)
+
+
+class LinearMixer(LinearCostMixer):
+    """Plain linear attention (:func:`~mmplugin_inline.core.linear_attention`), the paper's
+    baseline: ``phi(q_i) phi(K)^T V / (phi(q_i) . sum_j phi(k_j) + eps)``; plus the local
+    residual.
+
+    phi must keep the normaliser positive: a non-negative map
+    (:data:`~mmplugin_inline.core.NONNEGATIVE_FEATURE_MAPS`), ReLU by default as in the
+    paper's baseline. Identity and LeakyReLU, which can make it zero or negative, raise.
+    """
+    letter, name = 'L', 'linear'
+    default_kernel = 'relu'
+
+    def check_kernel(self, kernel: str) -> str:
+        super().check_kernel(kernel)
+        if kernel not in NONNEGATIVE_FEATURE_MAPS:
+            raise ValueError(
+                f"plain linear attention ('L' blocks) divides by phi(q) . sum phi(k), which "
+                f'kernel={kernel!r} can make zero or negative; use a non-negative feature '
+                f'map, one of {list(NONNEGATIVE_FEATURE_MAPS)} (kernel=None takes '
+                f'{self.default_kernel!r})')
+        return kernel
+
+    def attention(self, q, k, v, key_mask=None):
+        return linear_attention(q, k, v, kernel=self.kernel, key_mask=key_mask)
+
+
+#: block-type letter -> mixer class: the one mapping from letters to behaviour
+MIXERS = {cls.letter: cls for cls in (InLineMixer, SoftmaxMixer, LinearMixer)}
+
+
+def describe_attn_types(conjunction: str = 'or', extra=()) -> str:
+    """The letters of :data:`MIXERS` for messages: ``"'I' (InLine), 'S' (softmax) or 'L' (linear)"``.
+
+    ``extra`` descriptions are appended; the last item is joined by ``conjunction``.
+    """
+    items = [f'{letter!r} ({cls.name})' for letter, cls in MIXERS.items()] + list(extra)
+    return f' {conjunction} '.join([', '.join(items[:-1]), items[-1]]) if len(items) > 1 \
+        else items[0]
+
+
+def mixer_class(attn_type: Union[str, Type[Mixer]]) -> Type[Mixer]:
+    """The mixer class of a block letter (a :class:`Mixer` subclass is returned as it is).
+
+    Raises:
+        ValueError: for a letter that is not in :data:`MIXERS`, naming the letters.
+    """
+    if isinstance(attn_type, type) and issubclass(attn_type, Mixer):
+        return attn_type
+    if isinstance(attn_type, str) and attn_type in MIXERS:
+        return MIXERS[attn_type]
+    raise ValueError(f'attn_type must be {describe_attn_types()}, got {attn_type!r}')
+
+
+def build_mixer(attn_type, dim: int, num_heads: int, kernel: Optional[str] = None,
+                local_residual: bool = True) -> Mixer:
+    """The mixer of a block letter (or :class:`Mixer` subclass), built."""
+    return mixer_class(attn_type)(dim, num_heads, kernel=kernel, local_residual=local_residual)
+
+
+def parse_block_types(spec: str, depths, family: str):
+    """Read a block-type string into one letter per block and stage.
+
+    One letter per stage, a key of :data:`MIXERS` ('I', 'S', 'L'), or 'M': the stage's
+    first ``n`` blocks are InLine and the rest softmax, with ``n`` the number written
+    after the stage letters (the authors' 'IIMS2'). E.g. ``'IIMS2'`` for four stages.
+
+    Raises:
+        ValueError: naming the problem, for a string of the wrong length or letters.
+    """
+    num_stages = len(depths)
+    if not isinstance(spec, str) or len(spec) < num_stages:
+        raise ValueError(f'{family}: block types {spec!r} need one letter per stage '
+                         f'({num_stages} stages), e.g. {"I" * num_stages!r}')
+    letters, tail = spec[:num_stages], spec[num_stages:]
+    bad = set(letters) - set(MIXERS) - {'M'}
+    if bad:
+        raise ValueError(f'{family}: block types {spec!r} use {sorted(bad)}; the letters are '
+                         + describe_attn_types('and', ["'M' (mixed, then a count)"]))
+    if 'M' in letters:
+        if not tail.isdigit():
+            raise ValueError(f"{family}: block types {spec!r} use 'M' but do not end with the "
+                             "number of InLine blocks of the mixed stage, e.g. 'IIMS2'")
+        n_inline = int(tail)
+    elif tail:
+        raise ValueError(f'{family}: block types {spec!r} have {len(spec)} letters for '
+                         f'{num_stages} stages')
+    return [[('I' if j < n_inline else 'S') if letter == 'M' else letter for j in range(depth)]
+            for letter, depth in zip(letters, depths)]

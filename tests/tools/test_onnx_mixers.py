@@ -1,0 +1,26 @@
+"""ONNX export of the mixer variants: a tiny model with plain linear attention blocks ('L')
+and InLine blocks without their local residual exports and verifies in onnxruntime at
+sizes that are not multiples of 32."""
+import pytest
+import torch
+
+from mmplugin_inline.deployment import onnx as export
+from mmplugin_inline.registry import MODELS
+from helpers.tiny_models import TINY_BACKBONES
+
+pytest.importorskip('onnxruntime')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('block_types,local_residual', [('LLSL', True), ('ILIL', False)])
+def test_linear_blocks_export_and_verify(block_types, local_residual, tmp_path):
+    arch, extra, _ = TINY_BACKBONES['InLinePVT']
+    torch.manual_seed(0)
+    model = MODELS.build(dict(type='InLinePVT', arch=arch, **dict(extra, block_types=block_types),
+                              local_residual=local_residual)).eval()
+    assert [b.attn.attn_type for b in model.block2] == [block_types[1]] * len(model.block2)
+    path = str(tmp_path / 'pvt.onnx')
+    export.export_onnx(model, (64, 96), path)
+    rows = export.verify_onnx(model, path, [(61, 83), (77, 101)])
+    assert {r['hw'] for r in rows} == {(61, 83), (77, 101)}
+    assert export.check_rows(rows, 1e-4) is None, export.check_rows(rows, 1e-4)
