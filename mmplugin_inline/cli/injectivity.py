@@ -7,6 +7,12 @@ distribution. InLine attention subtracts the mean score instead and keeps them a
 Also draws the attention distributions of a few queries over a 2-D token map for
 InLine, linear and softmax attention (PNG).
 
+The distributions are the layers' own: each is the output of the backbones' mixer
+('I', 'L', 'S', without local residual) for values V = I, whose rows are the attention
+weights. Plain linear attention with the identity or LeakyReLU map, which the 'L' mixer
+refuses (its normaliser can be zero), comes from the definition in
+``mmplugin_inline.core.reference`` (``source`` in the JSON says which).
+
     python tools/analysis_tools/injectivity.py --out-dir work_dirs/injectivity
 """
 import argparse
@@ -17,6 +23,25 @@ import os
 import torch
 
 from ..core import ATTENTION_WEIGHTS
+
+#: the analysis' names of the attention functions -> the backbones' block letters
+LETTERS = {'inline': 'I', 'linear': 'L', 'softmax': 'S'}
+
+
+def layer_weights(name, q, k, kernel='identity'):
+    """Attention weights [1, 1, Nq, N] as the backbones' mixer of ``name`` computes them
+    (its output for V = I; no local residual), and where they came from: ``'layer'``, or
+    ``'definition'`` (``core.reference``) for a feature map the mixer refuses."""
+    from ..models.layers import build_mixer
+    d, n = q.shape[-1], k.shape[-2]
+    try:
+        mixer = build_mixer(LETTERS[name], d, 1, kernel=None if name == 'softmax' else kernel,
+                            local_residual=False)
+    except ValueError:  # plain linear attention with a map that can zero its normaliser
+        return ATTENTION_WEIGHTS[name](q, k, kernel=kernel), 'definition'
+    with torch.no_grad():
+        rows = mixer.to(q.dtype)(q[0], k[0], torch.eye(n, dtype=q.dtype)[None])
+    return rows[None], 'layer'
 
 
 def token_map(h, w, dim, seed=0):
@@ -52,7 +77,7 @@ def injectivity_cases(q, k):
         pair = torch.cat([query, other], dim=2)
         row = dict(case=label, kernel=kernel)
         for name in ('linear', 'inline'):
-            w = ATTENTION_WEIGHTS[name](pair, k, kernel=kernel)
+            w, row[f'{name}_source'] = layer_weights(name, pair, k, kernel)
             row[name] = distance(w[..., 0, :], w[..., 1, :])
         cases.append(row)
     return cases
@@ -65,7 +90,7 @@ def draw(q, k, hw, queries, path):
     names = [('inline', 'InLine'), ('linear', 'linear (ReLU)'), ('softmax', 'softmax')]
     fig, axes = plt.subplots(len(names), len(queries), figsize=(3 * len(queries), 3 * len(names)))
     for r, (name, title) in enumerate(names):
-        w = ATTENTION_WEIGHTS[name](q, k, kernel='relu' if name == 'linear' else 'identity')
+        w, _ = layer_weights(name, q, k, kernel='relu' if name == 'linear' else 'identity')
         for c, (qy, qx) in enumerate(queries):
             ax = axes[r, c]
             ax.imshow(w[0, 0, qy * hw[1] + qx].reshape(hw).numpy(), cmap='viridis')
@@ -98,7 +123,9 @@ def main(argv=None):
     cases = injectivity_cases(q, k)
     print(f"{'queries':32s} {'linear attention':>18s} {'InLine attention':>18s}")
     for row in cases:
-        print(f"{row['case']:32s} {row['linear']:18.2e} {row['inline']:18.2e}")
+        note = '' if row['linear_source'] == 'layer' else '  (linear: the definition; ' \
+            "the 'L' blocks refuse this kernel)"
+        print(f"{row['case']:32s} {row['linear']:18.2e} {row['inline']:18.2e}{note}")
     print('(largest difference between the two queries\' attention distributions)')
     os.makedirs(args.out_dir, exist_ok=True)
     with open(os.path.join(args.out_dir, 'injectivity.json'), 'w') as f:

@@ -123,3 +123,19 @@ def test_injectivity_linear_collapses_different_queries_inline_does_not(tmp_path
         assert row['linear'] < 1e-9, row       # same distribution (up to the eps guard)
         assert row['inline'] > 1e-4, row       # InLine tells them apart
     assert _is_png(tmp_path / 'attention_maps.png')
+    # the layers' own mixers, except plain linear attention with a map it refuses
+    assert [(r['kernel'], r['linear_source'], r['inline_source']) for r in cases] == [
+        ('relu', 'layer', 'layer'), ('identity', 'definition', 'layer'),
+        ('leakyrelu', 'definition', 'layer'), ('exp', 'layer', 'layer')]
+
+
+@pytest.mark.parametrize('name,kernel', [('inline', 'identity'), ('inline', 'exp'),
+                                         ('linear', 'relu'), ('softmax', 'identity')])
+def test_injectivity_rows_are_the_mixers_and_the_definition(name, kernel):
+    """What the layers compute (output for V = I) is the explicit definition's rows."""
+    import torch
+    from mmplugin_inline.core import ATTENTION_WEIGHTS
+    q, k = injectivity.token_map(5, 7, 16)
+    rows, source = injectivity.layer_weights(name, q, k, kernel)
+    assert source == 'layer'
+    torch.testing.assert_close(rows, ATTENTION_WEIGHTS[name](q, k, kernel=kernel))
