@@ -143,6 +143,30 @@ def test_off_is_todays_path(family):
         off(batch, valid_hw=sizes)
 
 
+def test_the_mode_without_sizes_warns_once_per_model():
+    """pad_aware=True on an input that carries no sizes (the stock data preprocessor):
+    one warning per model, however many forwards, naming the fix; none with sizes."""
+    import warnings
+    _, _, batch, sizes = images()
+    first, second = build('InLinePVT'), build('InLinePVT')
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter('always')
+        for _ in range(3):
+            first(batch.clone())
+        second(batch.clone())
+        first(batch, valid_hw=sizes)
+    messages = [str(w.message) for w in seen if 'pad_aware=True' in str(w.message)]
+    assert len(messages) == 2                                   # one per model
+    assert 'PadAwareDetDataPreprocessor' in messages[0] and 'valid_hw=' in messages[0]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter('always')
+        build('InLinePVT', pad_aware=False)(batch.clone())
+        sized = batch.clone()
+        setattr(sized, VALID_HW_ATTR, torch.tensor(sizes))
+        build('InLinePVT')(sized)
+    assert not [w for w in seen if 'pad_aware=True' in str(w.message)]
+
+
 def test_sizes_from_the_input_attribute():
     model = build('InLinePVT')
     small, _, batch, sizes = images()

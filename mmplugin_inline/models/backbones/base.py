@@ -1,6 +1,7 @@
 """What the InLine backbones share: the OpenMMLab backbone contract, the facts each
 family declares, and the list of registered families."""
 import copy
+import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -10,8 +11,9 @@ from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmplugin_inline.core import nlc_to_nchw
-from mmplugin_inline.models.layers import (check_with_cp, contiguous_map, parse_block_types,
-                                           stochastic_depth_rates, valid_sizes_of)
+from mmplugin_inline.models.layers import (VALID_HW_ATTR, check_with_cp, contiguous_map,
+                                           parse_block_types, stochastic_depth_rates,
+                                           valid_sizes_of)
 from mmplugin_inline.registry import MODELS
 from mmplugin_inline.weights import load_pretrained
 
@@ -111,7 +113,7 @@ class InLineBackbone(BaseModule):
     preprocessors, :mod:`mmplugin_inline.models.data_preprocessors`); the padded tokens
     stay out of every statistic and spatial op, stage by stage, and are zero in the
     outputs (``docs/padding_aware.md``). Without known sizes, or when no image is
-    padded, the default path runs.
+    padded, the default path runs (without known sizes, after one warning per model).
 
     Every family takes ``block_types`` (the block letters: 'I' InLine, 'S' softmax, 'L'
     plain linear attention; :data:`~mmplugin_inline.models.layers.MIXERS`), ``kernel``
@@ -139,6 +141,7 @@ class InLineBackbone(BaseModule):
                  pad_aware: bool = False):
         super().__init__(init_cfg=init_cfg)
         self.pad_aware = bool(pad_aware)
+        self._warned_no_sizes = False
         self.frozen_stages, self.norm_eval = frozen_stages, norm_eval
         self.with_cp = check_with_cp(with_cp, type(self).__name__)
         self.in_channels, self.check_finite = in_channels, check_finite
@@ -202,12 +205,24 @@ class InLineBackbone(BaseModule):
     def _valid_pixels(self, x: torch.Tensor, valid_hw=None):
         """Pad-aware mode: the pixel :class:`~mmplugin_inline.models.layers.ValidGrid`
         of the batch ``x`` (None when the mode is off, no sizes are known or nothing is
-        padded: the default path)."""
+        padded: the default path). In the mode, an input that carries no sizes gets one
+        warning per model: the padding then reaches the features, which is what the mode
+        is for (usually the config kept the stock data preprocessor)."""
         if not self.pad_aware:
             if valid_hw is not None:
                 raise ValueError(f'{type(self).__name__}: valid_hw is read in pad-aware mode '
                                  'only; build the backbone with pad_aware=True')
             return None
+        if valid_hw is None and getattr(x, VALID_HW_ATTR, None) is None \
+                and not self._warned_no_sizes:
+            self._warned_no_sizes = True
+            warnings.warn(
+                f'{type(self).__name__} was built with pad_aware=True, but its input carries '
+                'no image sizes, so the padded tokens are treated as real (the default, '
+                "padding-sensitive path). Use the plugin's data preprocessor "
+                "(model.data_preprocessor.type='PadAwareDetDataPreprocessor' in mmdet, "
+                "'PadAwareSegDataPreProcessor' in mmseg) or call the backbone with "
+                'valid_hw=[(h, w), ...]', stacklevel=3)
         return valid_sizes_of(x, valid_hw)
 
     @staticmethod
