@@ -8,6 +8,7 @@ from .fast_paths import fast_paths_enabled, reference_paths
 from .feature_maps import FEATURE_MAPS, NONNEGATIVE_FEATURE_MAPS, get_feature_map
 from .inline_attention import inline_attention
 from .linear_attention import linear_attention
+from .matmul_backend import cpu_linear_backend, set_cpu_linear_backend
 from .local_residual import (depthwise_conv_taps, local_residual, local_residual_nhwc,
                              local_residual_taps,
                              local_residual_reference)
@@ -29,5 +30,6 @@ __all__ = [
     'fast_paths_enabled', 'reference_paths', 'FEATURE_MAPS', 'NONNEGATIVE_FEATURE_MAPS', 'get_feature_map', 'nchw_to_nlc',
     'nlc_to_nchw', 'pad_amount',
     'pad_to_multiple', 'crop_to', 'window_partition', 'window_reverse', 'stripe_partition',
-    'stripe_reverse', 'stripe_shape', 'ATTENTION_WEIGHTS'
+    'stripe_reverse', 'stripe_shape', 'ATTENTION_WEIGHTS', 'cpu_linear_backend',
+    'set_cpu_linear_backend'
 ]

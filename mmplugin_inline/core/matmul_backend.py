@@ -1,28 +1,28 @@
 """Which library runs the models' dense products (``nn.Linear``) on the CPU.
 
-torch sends a CPU fp32 ``F.linear`` to its BLAS (MKL in the official wheels). MKL takes
-its fast AVX-512 kernels on Intel processors only: on an AMD EPYC with AVX-512 (the
-machine the benchmarks of this repository ran on) a 2048^3 product ran at 98 GFLOP/s
-through ``torch.matmul`` and at 175-220 through oneDNN (torch's other CPU library, the
-one behind its convolutions), and the linear layers of the T backbones (2 threads, e.g.
-3136 x 64 -> 512: 1.01 vs 0.48 ms forward, 8.8 vs 2.2 ms with the backward; 197 x 192
--> 576: 0.23 vs 0.15 ms) ran 1.1-4x faster through oneDNN. mmdet's PVT writes its MLP
-as 1x1 convolutions and gets that rate without asking for it. The backbone benchmark's
-``--reference-paths`` races the two forms inside whole models.
+torch sends a CPU fp32 ``F.linear`` to its BLAS (MKL in the official wheels), which takes
+its fast AVX-512 kernels on Intel processors only; oneDNN, torch's other CPU library (the
+one behind its convolutions), does not make that distinction. The measured rates are in
+``core/README.md`` and the benchmarks page; the backbone benchmark's ``--reference-paths``
+races the two forms inside whole models.
 
 :func:`linear` is ``F.linear`` with the product written as a 1x1 convolution over a
 channels-last view of the tokens ([..., C] -> [1, C, N, 1], no copy), which torch
 runs in oneDNN; the output comes back as a view as well. It is taken only where it
-helps (:func:`onednn_linear_wanted`): a CPU fp32 tensor outside autocast, on a
-processor where :func:`cpu_linear_backend` says oneDNN, in eager mode (traced,
-scripted, compiled and exported graphs keep ``F.linear``, the op their tools know),
-with the fast paths on (:func:`~.fast_paths.reference_paths` restores ``F.linear``
-everywhere). Autograd differentiates the convolution as it is; the results equal
-``F.linear``'s to fp32 rounding (tested forward and backward in fp64).
+helps (:func:`onednn_linear_wanted`): a CPU fp32 tensor outside autocast, when the
+library chosen is oneDNN, in eager mode (traced, scripted, compiled and exported graphs
+keep ``F.linear``, the op their tools know), with the fast paths on
+(:func:`~.fast_paths.reference_paths` restores ``F.linear`` everywhere). Autograd
+differentiates the convolution as it is; the results equal ``F.linear``'s to fp32
+rounding (tested forward and backward in fp64).
 
-On CUDA nothing changes: cuBLAS runs ``F.linear``.
+The library is decided once: when this module is imported, from the variable
+``MMPLUGIN_INLINE_CPU_LINEAR`` ('auto' when unset), and again only by
+:func:`set_cpu_linear_backend` (as timm's ``set_fused_attn``). On CUDA nothing changes:
+cuBLAS runs ``F.linear``.
 """
 import functools
+import logging
 import os
 import platform
 from typing import Optional
@@ -60,21 +60,34 @@ def _auto_backend() -> str:
     return 'onednn' if _cpu_vendor() == 'AuthenticAMD' else 'blas'
 
 
-def cpu_linear_backend() -> str:
-    """'onednn' or 'blas': the library :func:`linear` uses for CPU fp32 products.
+def set_cpu_linear_backend(name: str) -> str:
+    """Choose the library of the CPU fp32 linear layers: 'onednn', 'blas', or 'auto'
+    (oneDNN on AMD x86 processors, where it measured about 2x MKL; BLAS elsewhere).
 
-    ``MMPLUGIN_INLINE_CPU_LINEAR=onednn|blas`` decides; unset or 'auto', oneDNN is
-    taken on AMD x86 processors (where it measured about 2x MKL) and BLAS elsewhere.
+    Returns the library now in use ('onednn' or 'blas'; 'blas' where this torch has no
+    oneDNN) and logs it (``logging``, logger ``mmplugin_inline.core.matmul_backend``).
 
     Raises:
-        ValueError: for another value of the variable, naming the accepted ones.
+        ValueError: for another name, naming the accepted ones.
     """
-    choice = os.environ.get(BACKEND_ENV, 'auto').strip().lower() or 'auto'
+    global _backend
+    choice = str(name).strip().lower() or 'auto'
     if choice not in BACKENDS:
-        raise ValueError(f'{BACKEND_ENV}={choice!r}: expected one of {", ".join(BACKENDS)}')
-    if choice == 'onednn' and not torch.backends.mkldnn.is_available():
-        return 'blas'
-    return _auto_backend() if choice == 'auto' else choice
+        raise ValueError(f'CPU linear library {name!r}: expected one of {", ".join(BACKENDS)} '
+                         f'(set_cpu_linear_backend, or the variable {BACKEND_ENV} at import)')
+    if choice == 'auto':
+        library = _auto_backend()
+    else:
+        library = choice if torch.backends.mkldnn.is_available() else 'blas'
+    _backend = library
+    logging.getLogger(__name__).info('CPU linear layers: %s (%s asked)', library, choice)
+    return library
+
+
+def cpu_linear_backend() -> str:
+    """'onednn' or 'blas': the library :func:`linear` uses for CPU fp32 products, as
+    decided at import or by :func:`set_cpu_linear_backend`."""
+    return _backend
 
 
 def _in_graph_capture() -> bool:
@@ -86,7 +99,7 @@ def onednn_linear_wanted(x: torch.Tensor) -> bool:
     """Whether :func:`linear` takes the oneDNN form for input ``x`` (see the module)."""
     return (x.device.type == 'cpu' and x.dtype == torch.float32 and x.dim() >= 2
             and fast_paths_enabled() and not torch.is_autocast_enabled('cpu')
-            and not _in_graph_capture() and cpu_linear_backend() == 'onednn')
+            and not _in_graph_capture() and _backend == 'onednn')
 
 
 def linear_as_conv(x: torch.Tensor, weight: torch.Tensor,
@@ -115,3 +128,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor,
     if onednn_linear_wanted(x) and x.shape[-1] == weight.shape[-1]:
         return linear_as_conv(x, weight, bias)
     return F.linear(x, weight, bias)
+
+
+_backend = 'blas'
+try:
+    set_cpu_linear_backend(os.environ.get(BACKEND_ENV, 'auto'))
+except ValueError as exc:  # the variable's name in the message, not the setter's
+    raise ValueError(f'{BACKEND_ENV}={os.environ[BACKEND_ENV]!r}: expected one of '
+                     f'{", ".join(BACKENDS)}') from exc

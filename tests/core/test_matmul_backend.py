@@ -8,7 +8,8 @@ import torch.nn.functional as F
 import mmplugin_inline  # noqa: F401  (registers the backbones)
 from mmplugin_inline.core import matmul_backend, reference_paths
 from mmplugin_inline.core.matmul_backend import (BACKEND_ENV, cpu_linear_backend, linear,
-                                                 linear_as_conv, onednn_linear_wanted)
+                                                 linear_as_conv, onednn_linear_wanted,
+                                                 set_cpu_linear_backend)
 from mmplugin_inline.models.layers import Linear
 from mmplugin_inline.registry import MODELS
 from helpers.tiny_models import TINY_BACKBONES
@@ -18,14 +19,22 @@ needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
                                   reason='this torch has no oneDNN')
 
 
-@pytest.fixture
-def onednn(monkeypatch):
-    monkeypatch.setenv(BACKEND_ENV, 'onednn')
+@pytest.fixture(autouse=True)
+def restore_backend():
+    """Every test leaves the library as it found it."""
+    before = cpu_linear_backend()
+    yield
+    set_cpu_linear_backend(before)
 
 
 @pytest.fixture
-def blas(monkeypatch):
-    monkeypatch.setenv(BACKEND_ENV, 'blas')
+def onednn():
+    set_cpu_linear_backend('onednn')
+
+
+@pytest.fixture
+def blas():
+    set_cpu_linear_backend('blas')
 
 
 def _inputs(shape, cin, cout, bias, dtype, seed):
@@ -74,27 +83,46 @@ def test_fp32_on_the_onednn_route_agrees_with_blas(onednn):
         torch.testing.assert_close(g_got, g_ref, rtol=1e-4, atol=1e-4)
 
 
-def test_the_backend_follows_the_variable_and_refuses_other_values(monkeypatch):
-    monkeypatch.setenv(BACKEND_ENV, 'blas')
-    assert cpu_linear_backend() == 'blas'
-    monkeypatch.setenv(BACKEND_ENV, 'oneDNN')
-    assert cpu_linear_backend() == ('onednn' if torch.backends.mkldnn.is_available() else 'blas')
-    monkeypatch.setenv(BACKEND_ENV, 'auto')
-    assert cpu_linear_backend() in ('onednn', 'blas')
-    monkeypatch.setenv(BACKEND_ENV, 'mkl')
-    with pytest.raises(ValueError,
-                       match=f"{BACKEND_ENV}='mkl': expected one of auto, onednn, blas"):
-        cpu_linear_backend()
+def test_the_backend_is_set_once_and_refuses_other_names(monkeypatch):
+    assert set_cpu_linear_backend('blas') == 'blas' == cpu_linear_backend()
+    assert not onednn_linear_wanted(torch.randn(3, 8))
+    assert set_cpu_linear_backend(' oneDNN ') == cpu_linear_backend() == \
+        ('onednn' if torch.backends.mkldnn.is_available() else 'blas')
+    assert set_cpu_linear_backend('auto') in ('onednn', 'blas')
+    with pytest.raises(ValueError, match="CPU linear library 'mkl': expected one of auto, "
+                                         "onednn, blas"):
+        set_cpu_linear_backend('mkl')
+    # the variable is read at import only: set now, it changes nothing
+    set_cpu_linear_backend('blas')
+    monkeypatch.setenv(BACKEND_ENV, 'onednn')
+    assert cpu_linear_backend() == 'blas' and not onednn_linear_wanted(torch.randn(3, 8))
+
+
+def test_the_variable_decides_at_import_and_is_checked_there():
+    """In a fresh interpreter: the variable chooses the library when the module is
+    imported; an unknown value stops the import with a message naming the variable."""
+    import os
+    import subprocess
+    import sys
+    code = 'from mmplugin_inline.core import cpu_linear_backend; print(cpu_linear_backend())'
+    for value, want in (('blas', 'blas'), ('onednn', 'onednn' if torch.backends.mkldnn
+                                                     .is_available() else 'blas')):
+        out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                             env=dict(os.environ, **{BACKEND_ENV: value}), timeout=120)
+        assert out.returncode == 0 and out.stdout.split()[-1] == want, out.stderr[-2000:]
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         env=dict(os.environ, **{BACKEND_ENV: 'mkl'}), timeout=120)
+    assert out.returncode != 0
+    assert f"{BACKEND_ENV}='mkl': expected one of auto, onednn, blas" in out.stderr
 
 
 def test_auto_takes_onednn_on_amd_only(monkeypatch):
-    monkeypatch.delenv(BACKEND_ENV, raising=False)
     for vendor, want in (('AuthenticAMD', 'onednn'), ('GenuineIntel', 'blas'), ('', 'blas')):
         matmul_backend._auto_backend.cache_clear()
         monkeypatch.setattr(matmul_backend, '_cpu_vendor', lambda v=vendor: v)
         monkeypatch.setattr(matmul_backend.platform, 'machine', lambda: 'x86_64')
         expected = want if torch.backends.mkldnn.is_available() else 'blas'
-        assert cpu_linear_backend() == expected, vendor
+        assert set_cpu_linear_backend('auto') == expected, vendor
     matmul_backend._auto_backend.cache_clear()
 
 
@@ -129,14 +157,14 @@ def test_traced_graphs_keep_the_linear_op(onednn):
 
 @needs_onednn
 @pytest.mark.parametrize('name', ['InLinePVT', 'InLineSwinTransformer'])
-def test_a_tiny_backbone_is_the_same_on_both_libraries(name, monkeypatch):
+def test_a_tiny_backbone_is_the_same_on_both_libraries(name):
     arch, extra, _ = TINY_BACKBONES[name]
     torch.manual_seed(0)
     model = MODELS.build(dict(type=name, arch=dict(arch), drop_path_rate=0.0, **extra))
     x = torch.randn(2, 3, 45, 61)
     outs = {}
     for backend in ('blas', 'onednn'):
-        monkeypatch.setenv(BACKEND_ENV, backend)
+        set_cpu_linear_backend(backend)
         model.zero_grad()
         y = model(x)
         sum(o.square().mean() for o in y).backward()
@@ -148,7 +176,7 @@ def test_a_tiny_backbone_is_the_same_on_both_libraries(name, monkeypatch):
 
 
 @needs_onednn
-def test_mlp_recomputation_redoes_the_same_products_on_either_library(monkeypatch):
+def test_mlp_recomputation_redoes_the_same_products_on_either_library():
     # with_cp='mlp' saves the narrowing product's output (fc2) and recomputes fc1 in the
     # backward: the policy must know the convolution form of fc2 as well as addmm, or
     # the backward would run fc2 again on oneDNN
@@ -166,7 +194,7 @@ def test_mlp_recomputation_redoes_the_same_products_on_either_library(monkeypatc
         return counter.get_total_flops()
     flops = {}
     for backend in ('blas', 'onednn'):
-        monkeypatch.setenv(BACKEND_ENV, backend)
+        set_cpu_linear_backend(backend)
         flops[backend] = backward_flops('mlp') - backward_flops(False)
     assert flops['blas'] > 0  # fc1 is recomputed
     assert flops['onednn'] == flops['blas']
