@@ -50,9 +50,9 @@ from .errors import (CheckpointDownloadError, CheckpointError, DamagedCheckpoint
 from .files import (check_checkpoint_file, damage_of, published_sha256, sha256_of,
                     verify_published_file)
 from .global_names import absent_global
-from .run_checkpoints import (guard_runner_checkpoints, history_buffer_getattr,
-                              load_run_checkpoint, mmengine_checkpoint_globals,
-                              mmengine_checkpoint_loading, register_mmengine_safe_globals)
+from .run_checkpoints import (history_buffer_getattr, load_run_checkpoint,
+                              mmengine_checkpoint_globals, mmengine_checkpoint_loading,
+                              register_mmengine_safe_globals)
 from .set_aside import SetAside
 from .torch_private import TorchInternalsChanged
 
@@ -62,7 +62,7 @@ __all__ = [
     'load_run_checkpoint',
     'cached_file', 'cache_dir', 'url_file_name', 'probe_url', 'is_url',
     'mmengine_checkpoint_globals', 'register_mmengine_safe_globals',
-    'mmengine_checkpoint_loading', 'guard_runner_checkpoints', 'check_checkpoint_file',
+    'mmengine_checkpoint_loading', 'check_checkpoint_file',
     'absent_global', 'published_sha256', 'sha256_of', 'verify_published_file', 'damage_of',
     'history_buffer_getattr', 'convert_checkpoint', 'convert_state_dict',
     'depth_differences', 'detect_family', 'dropped_entries', 'family_class',

@@ -548,6 +548,32 @@ def test_the_hash_check_is_turned_off_by_config_keys(tmp_path):
         assert 'model' in _load_checkpoint(str(path), map_location='cpu')
 
 
+
+def test_mmengines_loader_is_ours_in_the_block_and_its_own_again_after_it(tmp_path):
+    """mmengine_checkpoint_loading registers its loaders through mmengine's public
+    register_scheme: an inner block's settings end with it, and after the outer block
+    mmengine reads files with its own loader (torch's error for a cut file)."""
+    from mmengine.runner.checkpoint import CheckpointLoader
+
+    from mmplugin_inline.weights import mmengine_checkpoint_loading
+    from helpers.runs import truncate
+    published = tmp_path / 'run-0badc0de.pth'  # not its hash
+    torch.save({'meta': {'iter': 3}, 'state_dict': {'w': torch.ones(2)}}, published)
+    cut = tmp_path / 'cut.pth'
+    cut.write_bytes(published.read_bytes())
+    truncate(cut)
+    with mmengine_checkpoint_loading():
+        with pytest.raises(DamagedCheckpointError, match='cut.pth is truncated'):
+            CheckpointLoader.load_checkpoint(str(cut))
+        with mmengine_checkpoint_loading(verify_hash=False):
+            assert CheckpointLoader.load_checkpoint(str(published))['meta']['iter'] == 3
+        with pytest.raises(DamagedCheckpointError, match='0badc0de'):  # the outer block's
+            CheckpointLoader.load_checkpoint(str(published))
+    with pytest.raises(Exception) as raw:
+        CheckpointLoader.load_checkpoint(str(cut))
+    assert not isinstance(raw.value, CheckpointError)  # mmengine's own loader: torch's error
+    assert CheckpointLoader.load_checkpoint(str(published))['meta']['iter'] == 3
+
 # --------------------------------------------------------------------------- URLs
 
 @pytest.fixture
