@@ -17,7 +17,8 @@ import shutil
 import pytest
 import yaml
 
-from helpers.runs import PYTHON, DET_CONFIG, checkpoint_meta, free_port, ok, run_tool
+from helpers.local_server import refused_port
+from helpers.runs import PYTHON, DET_CONFIG, checkpoint_meta, ok, run_tool
 from helpers.tiny_models import REPO, det_run_config
 
 # one pytest-xdist worker runs this file's tests: they share the wheel install (a module fixture)
@@ -52,10 +53,11 @@ def site(tmp_path_factory):
 
 def mim(site, args, cwd, timeout=600):
     """``python -m mim ARGS`` seeing the wheel install first on its path, offline."""
-    dead = f'http://127.0.0.1:{free_port()}'
-    env = dict(PYTHONPATH=site, http_proxy=dead, https_proxy=dead, HTTP_PROXY=dead,
-               HTTPS_PROXY=dead, no_proxy='', NO_PROXY='', PIP_NO_INDEX='1')
-    return run_tool([PYTHON, '-m', 'mim'] + args, cwd=str(cwd), env=env, timeout=timeout)
+    with refused_port() as port:
+        dead = f'http://127.0.0.1:{port}'
+        env = dict(PYTHONPATH=site, http_proxy=dead, https_proxy=dead, HTTP_PROXY=dead,
+                   HTTPS_PROXY=dead, no_proxy='', NO_PROXY='', PIP_NO_INDEX='1')
+        return run_tool([PYTHON, '-m', 'mim'] + args, cwd=str(cwd), env=env, timeout=timeout)
 
 
 def test_the_wheel_carries_configs_tools_and_the_model_index(site):
