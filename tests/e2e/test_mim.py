@@ -4,9 +4,8 @@ The package is installed as users get it, from a wheel built from a copy of the
 repository into a temporary folder (``pip install --target``), so ``.mim/`` (configs,
 tools, demo, model-index.yml) is what setup.py puts into a wheel; mim then finds it on
 PYTHONPATH. mim runs with proxies pointing at a closed port on 127.0.0.1 and no package
-index, so anything reaching for the network fails. Measured: ~2 min on the 2 shared
-cores at a load of ~10 (the wheel ~10 s, mim train: tiny Mask R-CNN 2 iterations on the
-shapes data, mim test: 107 s of it).
+index, so anything reaching for the network fails. mim train trains the tiny Mask R-CNN
+2 iterations on the shapes data; mim test tests its checkpoint.
 """
 import glob
 import json
