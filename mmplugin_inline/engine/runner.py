@@ -99,9 +99,9 @@ class SafeCheckpointRunner(Runner):
       ``weights_only=True`` with the allow-list of what mmengine saves, and a damaged
       file is a :class:`~mmplugin_inline.weights.DamagedCheckpointError` that says what
       is wrong with it. Model initialisation (pretrained backbone weights) is not in that
-      scope. Two top-level config keys adjust it: ``allow_unsafe = True`` (what
-      ``--allow-unsafe`` sets: full unpickling, only for files you trust) and
-      ``verify_hash = False`` (no check of a published ``NAME-<sha256>.pth`` name).
+      scope. ``verify_hash = False`` at the config's top level turns off the check of a
+      published ``NAME-<sha256>.pth`` name; full unpickling (only for files you trust) is
+      :attr:`allow_unsafe`.
     * **Auto-resume** (``resume=True`` without ``load_from``, mmdet's ``--resume``):
       from the newest *sound* checkpoint of the work directory
       (:func:`latest_sound_checkpoint`), not whatever ``last_checkpoint`` names.
@@ -109,6 +109,12 @@ class SafeCheckpointRunner(Runner):
       ``custom_hooks`` (once), so a resumed deterministic run draws the random numbers
       of the uninterrupted one.
     """
+
+    #: Read the checkpoint with full unpickling, which runs code from the file (only for
+    #: files you trust). The plugin's tools set it on the built runner for
+    #: ``--allow-unsafe``; with other tools, ``allow_unsafe = True`` at the config's top
+    #: level (``--cfg-options allow_unsafe=True``) does the same.
+    allow_unsafe: bool = False
 
     @classmethod
     def from_cfg(cls, cfg) -> 'SafeCheckpointRunner':
@@ -122,7 +128,8 @@ class SafeCheckpointRunner(Runner):
     def load_or_resume(self) -> None:
         """mmengine's ``load_or_resume``, reading the checkpoint with the plugin's policy
         (:func:`~mmplugin_inline.weights.mmengine_checkpoint_loading`)."""
-        with mmengine_checkpoint_loading(allow_unsafe=bool(self.cfg.get('allow_unsafe', False)),
+        allow_unsafe = self.allow_unsafe or bool(self.cfg.get('allow_unsafe', False))
+        with mmengine_checkpoint_loading(allow_unsafe=allow_unsafe,
                                          verify_hash=bool(self.cfg.get('verify_hash', True))):
             return super().load_or_resume()
 

@@ -80,9 +80,9 @@ def build_checked_runner(cfg, mode: str, allow_unsafe: bool = False):
     checkpoint read with the plugin's policy, auto-resume from a sound checkpoint, the
     random state carried), unless the config names another ``runner_type``.
 
-    ``allow_unsafe`` (``--allow-unsafe``) sets the config's top-level ``allow_unsafe``,
-    which the runner reads; a top-level ``verify_hash = False`` turns off the check of
-    published names' hashes."""
+    ``allow_unsafe`` (``--allow-unsafe``) sets the runner's ``allow_unsafe`` (not the
+    config, which the runner saves into the work directory); a top-level
+    ``verify_hash = False`` turns off the check of published names' hashes."""
     from mmengine.logging import print_log
 
     from .runner import RUNNER_TYPE, SafeCheckpointRunner
@@ -90,15 +90,18 @@ def build_checked_runner(cfg, mode: str, allow_unsafe: bool = False):
     prepare_cpu_distributed(cfg)
     if 'runner_type' not in cfg:
         cfg.runner_type = RUNNER_TYPE
-    if allow_unsafe:
-        cfg.allow_unsafe = True
     runner = build_runner(cfg)
-    if not isinstance(runner, SafeCheckpointRunner):
+    if isinstance(runner, SafeCheckpointRunner):
+        runner.allow_unsafe = allow_unsafe
+    else:
         print_log(f'runner_type {cfg.runner_type!r} is not a {RUNNER_TYPE}: its checkpoints '
                   'are read by mmengine\'s own loader and saved in place, without the '
                   'damaged-file checks and atomic saves; subclass '
                   'mmplugin_inline.engine.SafeCheckpointRunner to keep them',
                   logger='current', level=30)
+        if allow_unsafe:
+            fail(f'--allow-unsafe needs a runner that reads checkpoints with the plugin\'s '
+                 f'policy; runner_type {cfg.runner_type!r} is not a {RUNNER_TYPE}.')
     return runner
 
 

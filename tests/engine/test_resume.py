@@ -149,8 +149,8 @@ def test_the_runners_saves_are_atomic_and_a_save_cut_short_leaves_no_checkpoint(
 
 def test_the_runner_reads_its_checkpoint_with_the_plugins_policy(tmp_path):
     """load_from of a truncated file: our damaged-file error (mmengine's plain runner
-    gives torch's own); the config keys ``verify_hash`` and ``allow_unsafe`` reach the
-    loader."""
+    gives torch's own); the config keys ``verify_hash`` and ``allow_unsafe`` and the
+    runner's ``allow_unsafe`` (what --allow-unsafe sets) reach the loader."""
     import torch
     from mmengine.registry import DefaultScope
 
@@ -160,10 +160,12 @@ def test_the_runner_reads_its_checkpoint_with_the_plugins_policy(tmp_path):
     from mmplugin_inline.weights import (DamagedCheckpointError, UnsafeCheckpointError,
                                          load_run_checkpoint)
 
-    def load(path, runner_class=SafeCheckpointRunner, **cfg):
+    def load(path, runner_class=SafeCheckpointRunner, unsafe_runner=False, **cfg):
         runner = _epoch_runner(tmp_path / f'run{len(os.listdir(tmp_path))}', 1, [],
                                load_from=str(path), resume=False, runner_class=runner_class,
                                cfg=cfg)
+        if unsafe_runner:
+            runner.allow_unsafe = True
         runner.load_or_resume()
 
     with DefaultScope.overwrite_default_scope('mmengine'):
@@ -193,4 +195,7 @@ def test_the_runner_reads_its_checkpoint_with_the_plugins_policy(tmp_path):
             load(evil)
         assert not marker.exists()
         load(evil, allow_unsafe=True)
+        assert marker.read_text() == 'ran'
+        marker.unlink()
+        load(evil, unsafe_runner=True)
         assert marker.read_text() == 'ran'
