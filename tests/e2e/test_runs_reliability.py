@@ -103,6 +103,11 @@ def _stock_mmdet_train(config, work, *extra):
     return [PYTHON, script, str(config), '--work-dir', str(work), *extra]
 
 
+def _run_stock_mmdet_train(config, work, *extra):
+    """:func:`_stock_mmdet_train` as a subprocess: (returncode, output, stderr)."""
+    return run_tool(_stock_mmdet_train(config, work, *extra), timeout=TIMEOUT, env=HOOKS_ENV)
+
+
 @pytest.mark.slow
 def test_stock_mmdet_train_killed_between_saves_resumes_through_the_plugins_runner(
         reference, tmp_path):
@@ -119,9 +124,7 @@ def test_stock_mmdet_train_killed_between_saves_resumes_through_the_plugins_runn
     with open(work / 'last_checkpoint') as f:
         assert f.read().strip() == str(work / 'iter_3.pth')
 
-    rc, out, _ = run_tool(_stock_mmdet_train(config, work, '--resume', *SEED,
-                                             'train_cfg.max_iters=6'),
-                          timeout=TIMEOUT, env=HOOKS_ENV)
+    rc, out, _ = _run_stock_mmdet_train(config, work, '--resume', *SEED, 'train_cfg.max_iters=6')
     ok(rc, out)
     assert f'Loads checkpoint by run_policy backend from path: {work}/iter_3.pth' in out
     assert 'resumed epoch: 0, iter: 3' in out
@@ -139,16 +142,13 @@ def test_stock_mmdet_train_names_a_damaged_last_checkpoint(reference, tmp_path):
     config, ref = reference
     work = tmp_path / 'work'
     work_dir_of_a_cut_save(work, 'iter_9.pth', ref)
-    rc, out, _ = run_tool(_stock_mmdet_train(config, work, '--resume',
-                                             str(work / 'iter_9.pth'), *SEED),
-                          timeout=TIMEOUT, env=HOOKS_ENV)
+    rc, out, _ = _run_stock_mmdet_train(config, work, '--resume', str(work / 'iter_9.pth'),
+                                        *SEED)
     assert rc != 0
     last = out.strip().splitlines()[-1]  # a stock tool: a traceback, our error last
     assert last.startswith('mmplugin_inline.weights.errors.DamagedCheckpointError: '), last
     assert 'iter_9.pth is truncated or corrupt' in last
-    rc, out, _ = run_tool(_stock_mmdet_train(config, work, '--resume', *SEED,
-                                             'train_cfg.max_iters=7'),
-                          timeout=TIMEOUT, env=HOOKS_ENV)
+    rc, out, _ = _run_stock_mmdet_train(config, work, '--resume', *SEED, 'train_cfg.max_iters=7')
     ok(rc, out)
     assert f'Auto-resume: skipping {work}/iter_9.pth' in out
     assert 'resumed epoch: 0, iter: 6' in out
