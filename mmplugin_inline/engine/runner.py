@@ -1,6 +1,7 @@
 """The plugin's runner: mmengine's ``Runner`` with the plugin's guarantees for the run's
 checkpoints, selected by ``runner_type`` (``configs/_base_/plugin_runtime.py``), so that
-mmdet's and mmseg's own ``tools/train.py`` / ``tools/test.py`` give them too."""
+mmdet's and mmseg's own ``tools/train.py`` (and mmdet's ``tools/test.py``), which build a
+config's ``runner_type``, give them too."""
 import copy
 import os
 import os.path as osp
