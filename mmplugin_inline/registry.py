@@ -1,22 +1,27 @@
 """The one place that touches the OpenMMLab registries.
 
-The plugin keeps its own ``MODELS`` and ``HOOKS`` registries (scope ``mmplugin_inline``, a child of
-mmengine's root), so ``type='mmplugin_inline.InLinePVT'`` resolves from any scope.
-:func:`register_into_codebases` also adds every plugin model to mmdet's and mmseg's
-``MODELS`` (whichever is installed), so configs under ``default_scope='mmdet'`` or
-``'mmseg'`` can name them bare: ``type='InLinePVT'``.
+The plugin keeps its own ``MODELS``, ``HOOKS`` and ``RUNNERS`` registries (scope
+``mmplugin_inline``, children of mmengine's roots), so ``type='mmplugin_inline.InLinePVT'``
+and ``runner_type='mmplugin_inline.SafeCheckpointRunner'`` resolve from any scope, also
+when no default scope is set yet (mmdet's and mmseg's ``tools/train.py`` build the runner
+before the runner sets one). :func:`register_into_codebases` also adds every plugin
+model, hook and runner to mmdet's and mmseg's registries (whichever is installed), so
+configs under ``default_scope='mmdet'`` or ``'mmseg'`` can name them bare:
+``type='InLinePVT'``.
 """
 import importlib
 from typing import Dict, Tuple
 
 from mmengine.registry import HOOKS as MMENGINE_HOOKS
 from mmengine.registry import MODELS as MMENGINE_MODELS
+from mmengine.registry import RUNNERS as MMENGINE_RUNNERS
 from mmengine.registry import Registry
 
 MODELS = Registry('model', parent=MMENGINE_MODELS, scope='mmplugin_inline')
 HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope='mmplugin_inline')
+RUNNERS = Registry('runner', parent=MMENGINE_RUNNERS, scope='mmplugin_inline')
 #: the plugin's registries, by the attribute name the codebases use for theirs
-PLUGIN_REGISTRIES = {'MODELS': MODELS, 'HOOKS': HOOKS}
+PLUGIN_REGISTRIES = {'MODELS': MODELS, 'HOOKS': HOOKS, 'RUNNERS': RUNNERS}
 
 CODEBASE_REGISTRIES = ('mmdet.registry', 'mmseg.registry')
 
@@ -44,7 +49,7 @@ def released_weights() -> Dict[str, Tuple[str, str]]:
 
 
 def register_into_codebases() -> list:
-    """Add the plugin's models and hooks to the installed codebases' registries.
+    """Add the plugin's models, hooks and runners to the installed codebases' registries.
 
     Returns:
         list[str]: the codebase registries that were updated.

@@ -3,7 +3,8 @@
 #
 #   bash tools/dist_test.sh CONFIG CHECKPOINT NUM_PROCS [test.py options...]
 #
-# Multi-node: run it on every node with NNODES, NODE_RANK, MASTER_ADDR and PORT set.
+# Multi-node: run it on every node with NNODES, NODE_RANK, MASTER_ADDR and PORT set
+# (one node: torchrun picks a free port unless PORT is set).
 # Without GPUs each process runs on CPU (gloo backend). PYTHON picks the interpreter
 # (default: python; e.g. PYTHON=.venv/bin/python).
 set -euo pipefail

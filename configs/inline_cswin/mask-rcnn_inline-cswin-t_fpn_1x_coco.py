@@ -6,6 +6,7 @@ _base_ = [
     'mmdet::_base_/datasets/coco_instance.py',
     '../_base_/schedules/adamw_det_1x.py',
     'mmdet::_base_/default_runtime.py',
+    '../_base_/plugin_runtime.py',
 ]
 custom_imports = dict(imports=['mmplugin_inline'], allow_failed_imports=False)
 

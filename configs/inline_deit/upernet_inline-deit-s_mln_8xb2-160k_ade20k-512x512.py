@@ -6,6 +6,7 @@ _base_ = [
     'mmseg::_base_/models/upernet_vit-b16_ln_mln.py',
     'mmseg::_base_/datasets/ade20k.py',
     'mmseg::_base_/default_runtime.py',
+    '../_base_/plugin_runtime.py',
     '../_base_/schedules/adamw_seg_160k.py',
 ]
 custom_imports = dict(imports=['mmplugin_inline'], allow_failed_imports=False)

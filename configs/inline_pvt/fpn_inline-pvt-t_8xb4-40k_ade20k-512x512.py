@@ -5,6 +5,7 @@ _base_ = [
     'mmseg::_base_/models/fpn_r50.py',
     'mmseg::_base_/datasets/ade20k.py',
     'mmseg::_base_/default_runtime.py',
+    '../_base_/plugin_runtime.py',
     'mmseg::_base_/schedules/schedule_40k.py',
 ]
 custom_imports = dict(imports=['mmplugin_inline'], allow_failed_imports=False)

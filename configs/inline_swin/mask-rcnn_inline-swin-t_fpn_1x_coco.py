@@ -5,4 +5,5 @@ _base_ = [
     'mmdet::_base_/datasets/coco_instance.py',
     '../_base_/schedules/adamw_det_1x.py',
     'mmdet::_base_/default_runtime.py',
+    '../_base_/plugin_runtime.py',
 ]

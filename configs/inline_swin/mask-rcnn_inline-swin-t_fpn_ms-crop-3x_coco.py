@@ -5,4 +5,5 @@ _base_ = [
     '../_base_/datasets/coco_instance_ms-crop.py',
     '../_base_/schedules/adamw_det_3x.py',
     'mmdet::_base_/default_runtime.py',
+    '../_base_/plugin_runtime.py',
 ]

@@ -6,6 +6,7 @@ _base_ = [
     '../_base_/models/upernet_inline-swin-t.py',
     'mmseg::_base_/datasets/cityscapes_1024x1024.py',
     'mmseg::_base_/default_runtime.py',
+    '../_base_/plugin_runtime.py',
     '../_base_/schedules/adamw_seg_160k.py',
 ]
 crop_size = (1024, 1024)

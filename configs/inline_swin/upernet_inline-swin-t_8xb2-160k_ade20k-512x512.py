@@ -5,6 +5,7 @@ _base_ = [
     '../_base_/models/upernet_inline-swin-t.py',
     'mmseg::_base_/datasets/ade20k.py',
     'mmseg::_base_/default_runtime.py',
+    '../_base_/plugin_runtime.py',
     '../_base_/schedules/adamw_seg_160k.py',
 ]
 crop_size = (512, 512)

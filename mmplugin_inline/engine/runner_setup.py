@@ -1,13 +1,11 @@
 """The Runner and device set-up of ``tools/train.py`` and ``tools/test.py``.
 
 Both tools serve mmdet and mmseg configs alike; the config is read by
-:func:`~mmplugin_inline.tools_common.load_run_config`. The runner itself is
-mmengine's, built from the config.
+:func:`~mmplugin_inline.tools_common.load_run_config`. The runner is the config's
+``runner_type``, :class:`~mmplugin_inline.engine.SafeCheckpointRunner` by default
+(:mod:`.runner`); what is here is only what the plugin's tools add to it: the check of
+the run's files first, CPU DDP, and one message instead of a traceback.
 """
-import os
-import os.path as osp
-import re
-
 import torch
 
 from mmplugin_inline.tools_common import fail
@@ -59,7 +57,8 @@ def prepare_cpu_distributed(cfg) -> bool:
 
 
 def build_runner(cfg):
-    """mmengine's ``Runner`` from the config (or the config's ``runner_type``)."""
+    """The config's ``runner_type`` (built through mmengine's ``RUNNERS``), or mmengine's
+    ``Runner``: what mmdet's and mmseg's ``tools/train.py`` build."""
     from mmengine.registry import RUNNERS
     from mmengine.runner import Runner
     if 'runner_type' in cfg:
@@ -75,113 +74,35 @@ def preflight_or_fail(cfg, mode: str) -> None:
         fail(format_problems(problems))
 
 
-_CHECKPOINT_NAME = re.compile(r'^(?:iter|epoch)_(\d+)\.pth$')
-
-
-def latest_sound_checkpoint(work_dir: str):
-    """The checkpoint an automatic resume should start from, or None.
-
-    mmengine's own choice is whatever ``WORK_DIR/last_checkpoint`` names. That file is
-    written after the checkpoint, so a run killed while saving leaves it naming the
-    previous one; but an old checkpoint may have been deleted (``max_keep_ckpts``)
-    before the new one was written, or the file named may be damaged (a copy, a full
-    disk, a save by another tool that is not atomic). This takes the named file if it
-    is sound, else the most recent sound ``iter_N.pth`` / ``epoch_N.pth`` beside it.
-
-    Returns:
-        tuple: ``(path or None, [(skipped path, why), ...])``.
-    """
-    from mmplugin_inline.weights import damage_of
-    named = None
-    pointer = osp.join(work_dir, 'last_checkpoint')
-    if osp.isfile(pointer):
-        with open(pointer) as f:
-            named = f.read().strip() or None
-    candidates = [named] if named else []
-    for folder in dict.fromkeys([osp.dirname(named) if named else work_dir, work_dir]):
-        if osp.isdir(folder):
-            found = [osp.join(folder, n) for n in os.listdir(folder) if _CHECKPOINT_NAME.match(n)]
-            candidates += sorted(found, key=lambda p: (osp.getmtime(p), p), reverse=True)
-    skipped = []
-    for path in dict.fromkeys(candidates):
-        if not osp.isfile(path):
-            skipped.append((path, 'is named by last_checkpoint but does not exist'))
-            continue
-        why = damage_of(path)
-        if why is None:
-            return path, skipped
-        skipped.append((path, why))
-    return None, skipped
-
-
-def choose_auto_resume(cfg) -> None:
-    """``resume=True`` without ``load_from``: resume from :func:`latest_sound_checkpoint`
-    (set as ``load_from``), or start afresh if the work directory holds none; log the
-    files passed over."""
-    from mmengine.logging import print_log
-    if not cfg.get('resume') or cfg.get('load_from') or not cfg.get('work_dir'):
-        return
-    path, skipped = latest_sound_checkpoint(cfg.work_dir)
-    for bad, why in skipped:
-        print_log(f'Auto-resume: skipping {bad}: it {why}', logger='current', level=30)
-    if path is None:
-        if skipped:
-            print_log(f'Auto-resume: no complete checkpoint in {cfg.work_dir}; training '
-                      'starts afresh', logger='current', level=30)
-        cfg.resume = False
-    else:
-        cfg.load_from = path
-
-
-def add_default_hooks(cfg) -> None:
-    """Add :class:`~mmplugin_inline.engine.RandomStateHook` to ``custom_hooks`` (once)."""
-    hooks = list(cfg.get('custom_hooks') or [])
-    if not any(str(h.get('type', '')).endswith('RandomStateHook') for h in hooks):
-        hooks.append(dict(type='mmplugin_inline.RandomStateHook'))
-    cfg.custom_hooks = hooks
-
-
-def atomic_checkpoint_saves(runner):
-    """Make ``runner`` write its checkpoints to ``NAME.part`` and rename them to ``NAME``
-    once complete (local directories), so a process killed while saving never leaves a
-    truncated file under a checkpoint's name. Returns the runner."""
-    from mmengine.dist import is_main_process
-    original = runner.save_checkpoint
-
-    def save_checkpoint(out_dir, filename, *args, **kwargs):
-        local = '://' not in str(out_dir) and not kwargs.get('backend_args') and \
-            not (args and args[0]) and not kwargs.get('file_client_args')
-        if not local:
-            return original(out_dir, filename, *args, **kwargs)
-        partial = filename + '.part'
-        original(out_dir, partial, *args, **kwargs)
-        if is_main_process():  # mmengine's save writes on rank 0 only
-            path = osp.join(out_dir, partial)
-            with open(path, 'rb+') as f:
-                os.fsync(f.fileno())
-            os.replace(path, osp.join(out_dir, filename))
-
-    runner.save_checkpoint = save_checkpoint
-    return runner
-
-
 def build_checked_runner(cfg, mode: str, allow_unsafe: bool = False):
-    """Check the files (``mode``: 'train' / 'test'), set up the device, build the runner
-    and make it load its checkpoint safely (see :mod:`mmplugin_inline.weights`).
+    """Check the files (``mode``: 'train' / 'test'), set up the device and build the
+    runner: :class:`~mmplugin_inline.engine.SafeCheckpointRunner` (atomic saves, the
+    checkpoint read with the plugin's policy, auto-resume from a sound checkpoint, the
+    random state carried), unless the config names another ``runner_type``.
 
-    For training it also picks the checkpoint of an automatic resume
-    (:func:`choose_auto_resume`), adds :class:`~mmplugin_inline.engine.RandomStateHook`
-    and makes checkpoint saves atomic (:func:`atomic_checkpoint_saves`)."""
-    from mmplugin_inline.weights import guard_runner_checkpoints
-    if mode == 'train':
-        choose_auto_resume(cfg)
-        add_default_hooks(cfg)
+    ``allow_unsafe`` (``--allow-unsafe``) sets the runner's ``allow_unsafe`` (not the
+    config, which the runner saves into the work directory); a top-level
+    ``verify_hash = False`` turns off the check of published names' hashes."""
+    from mmengine.logging import print_log
+
+    from .runner import RUNNER_TYPE, SafeCheckpointRunner
     preflight_or_fail(cfg, mode)
     prepare_cpu_distributed(cfg)
-    # a top-level ``verify_hash = False`` turns off the check of published names' hashes
-    runner = guard_runner_checkpoints(build_runner(cfg), allow_unsafe,
-                                      verify_hash=cfg.get('verify_hash', True))
-    return atomic_checkpoint_saves(runner) if mode == 'train' else runner
+    if 'runner_type' not in cfg:
+        cfg.runner_type = RUNNER_TYPE
+    runner = build_runner(cfg)
+    if isinstance(runner, SafeCheckpointRunner):
+        runner.allow_unsafe = allow_unsafe
+    else:
+        print_log(f'runner_type {cfg.runner_type!r} is not a {RUNNER_TYPE}: its checkpoints '
+                  'are read by mmengine\'s own loader and saved in place, without the '
+                  'damaged-file checks and atomic saves; subclass '
+                  'mmplugin_inline.engine.SafeCheckpointRunner to keep them',
+                  logger='current', level=30)
+        if allow_unsafe:
+            fail(f'--allow-unsafe needs a runner that reads checkpoints with the plugin\'s '
+                 f'policy; runner_type {cfg.runner_type!r} is not a {RUNNER_TYPE}.')
+    return runner
 
 
 def run_or_fail(runner, step: str):

@@ -33,8 +33,12 @@ the cache (:func:`cached_file`, :mod:`.download`). The errors are in :mod:`.erro
 part (layouts, detecting the family, depths, the report); each family's own renames and
 resizing are its backbone's ``checkpoint_filter`` hook.
 
-The modules import one way: errors <- files <- download; set_aside <- pickle_walk,
-global_names; run_checkpoints <- data_only <- convert.
+What these checks need of torch's private API is read in one module,
+:mod:`.torch_private`, which raises :class:`TorchInternalsChanged` when a torch release
+changes it.
+
+The modules import one way: errors <- files <- download; torch_private <- set_aside <-
+pickle_walk, global_names; run_checkpoints <- data_only <- convert.
 """
 from .convert import (convert_checkpoint, convert_state_dict, depth_differences,
                       detect_family, dropped_entries, family_class, family_signatures,
@@ -46,17 +50,19 @@ from .errors import (CheckpointDownloadError, CheckpointError, DamagedCheckpoint
 from .files import (check_checkpoint_file, damage_of, published_sha256, sha256_of,
                     verify_published_file)
 from .global_names import absent_global
-from .run_checkpoints import (guard_runner_checkpoints, history_buffer_getattr,
-                              load_run_checkpoint, mmengine_checkpoint_globals,
-                              mmengine_checkpoint_loading, register_mmengine_safe_globals)
+from .run_checkpoints import (history_buffer_getattr, load_run_checkpoint,
+                              mmengine_checkpoint_globals, mmengine_checkpoint_loading,
+                              register_mmengine_safe_globals)
 from .set_aside import SetAside
+from .torch_private import TorchInternalsChanged
 
 __all__ = [
     'CheckpointError', 'DamagedCheckpointError', 'UnsafeCheckpointError',
-    'CheckpointDownloadError', 'SetAside', 'load_weights', 'load_run_checkpoint',
+    'CheckpointDownloadError', 'TorchInternalsChanged', 'SetAside', 'load_weights',
+    'load_run_checkpoint',
     'cached_file', 'cache_dir', 'url_file_name', 'probe_url', 'is_url',
     'mmengine_checkpoint_globals', 'register_mmengine_safe_globals',
-    'mmengine_checkpoint_loading', 'guard_runner_checkpoints', 'check_checkpoint_file',
+    'mmengine_checkpoint_loading', 'check_checkpoint_file',
     'absent_global', 'published_sha256', 'sha256_of', 'verify_published_file', 'damage_of',
     'history_buffer_getattr', 'convert_checkpoint', 'convert_state_dict',
     'depth_differences', 'detect_family', 'dropped_entries', 'family_class',

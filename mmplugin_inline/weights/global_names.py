@@ -11,6 +11,7 @@ from typing import Optional
 
 from .files import damaged, human_size
 from .set_aside import data_globals
+from .torch_private import TORCH_MODULE_RENAMES
 
 __all__ = ['absent_global']
 
@@ -76,10 +77,6 @@ def absent_global(module: str, name: str) -> Optional[str]:
     return None
 
 
-# what torch's own loader renames before resolving a module (torch.serialization._load)
-_TORCH_MODULE_RENAMES = {'torch.tensor': 'torch._tensor'}
-
-
 @functools.lru_cache(maxsize=1)
 def _data_modules() -> frozenset:
     return frozenset(full.rpartition('.')[0] for full in data_globals())
@@ -103,7 +100,7 @@ def check_names(path: str, named, every_module: bool) -> None:
         if not (every_module or _names_data(module) or not _is_dotted_name(module) or
                 not _is_dotted_name(name)):
             continue
-        reason = absent_global(_TORCH_MODULE_RENAMES.get(module, module), name)
+        reason = absent_global(TORCH_MODULE_RENAMES.get(module, module), name)
         if reason is None:
             continue
         if 'there is no module' in reason and not _names_data(module):

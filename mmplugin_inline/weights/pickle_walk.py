@@ -12,6 +12,7 @@ import torch
 
 from .files import ZIP_MAGIC, unreadable
 from .set_aside import placeholder_class
+from .torch_private import storage_element_size
 
 
 class _Damage(Exception):
@@ -100,8 +101,8 @@ def _storage_bytes(storage_type, numel, key) -> int:
         element_size = 1
     else:
         try:  # what torch's loaders make of the name (dtype from the class name only)
-            element_size = torch._utils._element_size(torch.serialization.StorageType(name).dtype)
-        except Exception:  # noqa: BLE001 - an unknown storage class
+            element_size = storage_element_size(name)
+        except ValueError:  # an unknown storage class
             raise _Damage(f'its storage {_shown(key)} has an unknown type '
                           f'{_shown(getattr(storage_type, "pickled_as", storage_type))}') from None
     if type(numel) is not int or numel < 0:

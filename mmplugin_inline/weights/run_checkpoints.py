@@ -1,11 +1,14 @@
 """The run's own mmengine checkpoints (``--resume``, ``load_from``, ``tools/test.py``):
 read with ``torch.load(weights_only=True)`` and an exact allow-list of what mmengine saves
 (:func:`mmengine_checkpoint_globals`); a file that needs more is refused
-(:class:`UnsafeCheckpointError`) unless the caller opts in with ``allow_unsafe``."""
+(:class:`UnsafeCheckpointError`) unless the caller opts in with ``allow_unsafe``.
+:func:`mmengine_checkpoint_loading` makes mmengine's own loading use this policy for a
+block (the runner's, :class:`~mmplugin_inline.engine.SafeCheckpointRunner`, and the
+inferencers')."""
 import contextlib
 import inspect
 import pickle
-from typing import Iterator, List
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 
@@ -17,7 +20,7 @@ from .pickle_walk import walk
 
 __all__ = ['load_run_checkpoint', 'mmengine_checkpoint_globals',
            'register_mmengine_safe_globals', 'mmengine_checkpoint_loading',
-           'guard_runner_checkpoints', 'history_buffer_getattr']
+           'history_buffer_getattr']
 
 
 # numeric dtype classes (numpy >= 1.25 pickles a dtype by its class, e.g. Float64DType)
@@ -179,51 +182,48 @@ def read_run_checkpoint(filename: str, map_location, allow_unsafe: bool):
         raise read_failure(filename, exc) from exc
 
 
+#: the settings of the :func:`mmengine_checkpoint_loading` blocks in force, innermost last
+_RUN_LOADING: List[Tuple[bool, bool]] = []
+
+# the prefixes mmengine's ``CheckpointLoader`` maps to local files and to URLs
+_LOCAL_AND_URL_PREFIXES = ('', 'http://', 'https://')
+
+
+def _use_loaders(settings: Optional[Tuple[bool, bool]]) -> None:
+    """Register with mmengine's ``CheckpointLoader`` (its public ``register_scheme``) the
+    loaders for local paths and ``http(s)://`` URLs: :func:`load_run_checkpoint` with
+    ``settings`` (allow_unsafe, verify_hash), or mmengine's own with None."""
+    from mmengine.runner.checkpoint import CheckpointLoader, load_from_http, load_from_local
+    if settings is None:
+        CheckpointLoader.register_scheme('', load_from_local, force=True)
+        CheckpointLoader.register_scheme(('http://', 'https://'), load_from_http, force=True)
+        return
+    allow_unsafe, verify_hash = settings
+
+    def load_from_run_policy(filename, map_location=None):  # mmengine logs the name
+        return load_run_checkpoint(filename, map_location, allow_unsafe=allow_unsafe,
+                                   verify_hash=verify_hash)
+
+    CheckpointLoader.register_scheme(_LOCAL_AND_URL_PREFIXES, load_from_run_policy, force=True)
+
+
 @contextlib.contextmanager
 def mmengine_checkpoint_loading(allow_unsafe: bool = False,
                                 verify_hash: bool = True) -> Iterator[None]:
     """Within the block, mmengine reads checkpoints with :func:`load_run_checkpoint`
     (``allow_unsafe`` and ``verify_hash`` as there).
 
-    Replaces the loaders that mmengine's ``CheckpointLoader`` uses for local paths and
-    for ``http://`` / ``https://`` URLs and restores them on exit; other schemes
-    (``s3://``, ...) are left as they are.
+    The loaders that mmengine's ``CheckpointLoader`` uses for local paths and for
+    ``http://`` / ``https://`` URLs are registered for the block (``register_scheme``);
+    on exit those of the enclosing block are back, or, outside any, mmengine's own
+    ``load_from_local`` / ``load_from_http`` (a loader someone else registered for these
+    prefixes before the block is not restored). Other schemes (``s3://``, ...) are left
+    as they are.
     """
-    from mmengine.runner.checkpoint import CheckpointLoader
-
-    def load_checkpoint_of_the_run(filename, map_location=None):  # mmengine logs the name
-        return load_run_checkpoint(filename, map_location, allow_unsafe=allow_unsafe,
-                                   verify_hash=verify_hash)
-
-    prefixes = ('', 'http://', 'https://')
-    previous = {p: CheckpointLoader._schemes.get(p) for p in prefixes}
-    for prefix in prefixes:
-        CheckpointLoader.register_scheme(prefix, load_checkpoint_of_the_run, force=True)
+    _RUN_LOADING.append((allow_unsafe, verify_hash))
+    _use_loaders(_RUN_LOADING[-1])
     try:
         yield
     finally:
-        for prefix, loader in previous.items():
-            if loader is None:
-                CheckpointLoader._schemes.pop(prefix, None)
-            else:
-                CheckpointLoader.register_scheme(prefix, loader, force=True)
-
-
-def guard_runner_checkpoints(runner, allow_unsafe: bool = False, verify_hash: bool = True):
-    """Make ``runner`` resume / ``load_from`` through :func:`mmengine_checkpoint_loading`.
-
-    Only the runner's ``load_or_resume`` step (what ``--resume``, ``load_from`` and
-    ``tools/test.py``'s checkpoint use) runs in that scope; model initialisation,
-    including pretrained backbone weights (read by :func:`load_weights`), does not.
-
-    Returns:
-        the runner, for chaining.
-    """
-    original = runner.load_or_resume
-
-    def load_or_resume():
-        with mmengine_checkpoint_loading(allow_unsafe, verify_hash):
-            return original()
-
-    runner.load_or_resume = load_or_resume
-    return runner
+        _RUN_LOADING.pop()
+        _use_loaders(_RUN_LOADING[-1] if _RUN_LOADING else None)

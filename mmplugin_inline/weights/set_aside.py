@@ -4,6 +4,8 @@ imported, nothing is called)."""
 import functools
 import pickle
 
+from .torch_private import weights_only_globals
+
 __all__ = ['SetAside']
 
 
@@ -55,12 +57,10 @@ def placeholder_class(full_name: str) -> type:
                 {'pickled_as': full_name, '__module__': __name__})
 
 
-@functools.lru_cache(maxsize=1)
 def data_globals() -> dict:
     """The globals a data-only load rebuilds for real: exactly torch's weights_only set
     (tensors, storages, dtypes, ``OrderedDict``, ``torch.Size``, ...)."""
-    from torch import _weights_only_unpickler
-    return dict(_weights_only_unpickler._get_allowed_globals())
+    return weights_only_globals()
 
 
 class DataOnlyUnpickler(pickle.Unpickler):

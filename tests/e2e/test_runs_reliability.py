@@ -1,7 +1,7 @@
 """Long runs: two runs with one seed train alike, a run killed with SIGKILL and resumed
 ends with the weights of one that was not, a save cut short is never resumed from, and
-two processes hold the same weights. Real ``tools/train.py`` runs on CPU (the units of
-resuming, in process: tests/engine/test_resume.py)."""
+two processes hold the same weights. Real ``tools/train.py`` runs on CPU, ours and the one
+the mmdet wheel ships (the units of resuming, in process: tests/engine/test_resume.py)."""
 import os
 import os.path as osp
 
@@ -92,6 +92,67 @@ def test_a_run_killed_mid_interval_resumes_to_the_same_weights(reference, tmp_pa
     assert max_weight_difference(ref / f'iter_{ITERS}.pth', work / f'iter_{ITERS}.pth') == 0
     # the iterations trained again after the resume log what the reference logged
     assert train_losses(work) == train_losses(ref)
+
+
+def _stock_mmdet_train(config, work, *extra):
+    """``tools/train.py CONFIG --work-dir WORK EXTRA...`` of mmdet itself, as its wheel
+    ships it (``mmdet/.mim/tools/train.py``, what ``mim train mmdet`` runs)."""
+    import mmdet
+    script = osp.join(osp.dirname(mmdet.__file__), '.mim', 'tools', 'train.py')
+    assert osp.isfile(script), f'the installed mmdet ships no {script}'
+    return [PYTHON, script, str(config), '--work-dir', str(work), *extra]
+
+
+def _run_stock_mmdet_train(config, work, *extra):
+    """:func:`_stock_mmdet_train` as a subprocess: (returncode, output, stderr)."""
+    return run_tool(_stock_mmdet_train(config, work, *extra), timeout=TIMEOUT, env=HOOKS_ENV)
+
+
+@pytest.mark.slow
+def test_stock_mmdet_train_killed_between_saves_resumes_through_the_plugins_runner(
+        reference, tmp_path):
+    """mmdet's own tools/train.py on our config builds the config's runner_type: it saves
+    through SafeCheckpointRunner, and its --resume reads the checkpoint with our loader
+    and ends with the weights of the uninterrupted run."""
+    config, ref = reference
+    work = tmp_path / 'stock'
+    pausing = _with_hooks(config, 'stock_pausing.py', dict(type='PauseHook', after_iter=4))
+    rc, out = kill_when_logged(_stock_mmdet_train(pausing, work, *SEED), f'{PAUSED} 4',
+                               timeout=TIMEOUT, env=HOOKS_ENV)
+    assert rc == -9, out[-3000:]
+    assert f'{PAUSED} 4 (SafeCheckpointRunner)' in out  # the runner that saved iter_3.pth
+    with open(work / 'last_checkpoint') as f:
+        assert f.read().strip() == str(work / 'iter_3.pth')
+
+    rc, out, _ = _run_stock_mmdet_train(config, work, '--resume', *SEED, 'train_cfg.max_iters=6')
+    ok(rc, out)
+    assert f'Loads checkpoint by run_policy backend from path: {work}/iter_3.pth' in out
+    assert 'resumed epoch: 0, iter: 3' in out
+    assert not [n for n in os.listdir(work) if n.endswith('.part')]
+    assert max_weight_difference(ref / 'iter_6.pth', work / 'iter_6.pth') == 0
+    ours, theirs = train_losses(ref), train_losses(work)
+    assert sorted(theirs) == list(range(1, 7))
+    assert theirs == {it: ours[it] for it in theirs}
+
+
+@pytest.mark.slow
+def test_stock_mmdet_train_names_a_damaged_last_checkpoint(reference, tmp_path):
+    """mmdet's own tools/train.py: --resume of the cut last checkpoint ends with our
+    damaged-file message, --resume alone passes over it to the newest sound one."""
+    config, ref = reference
+    work = tmp_path / 'work'
+    work_dir_of_a_cut_save(work, 'iter_9.pth', ref)
+    rc, out, _ = _run_stock_mmdet_train(config, work, '--resume', str(work / 'iter_9.pth'),
+                                        *SEED)
+    assert rc != 0
+    last = out.strip().splitlines()[-1]  # a stock tool: a traceback, our error last
+    assert last.startswith('mmplugin_inline.weights.errors.DamagedCheckpointError: '), last
+    assert 'iter_9.pth is truncated or corrupt' in last
+    rc, out, _ = _run_stock_mmdet_train(config, work, '--resume', *SEED, 'train_cfg.max_iters=7')
+    ok(rc, out)
+    assert f'Auto-resume: skipping {work}/iter_9.pth' in out
+    assert 'resumed epoch: 0, iter: 6' in out
+    assert osp.isfile(work / 'iter_7.pth')
 
 
 @pytest.mark.slow

@@ -198,7 +198,7 @@ def test_load_from_starts_the_budget_afresh_and_resume_continues_it():
 
 # --------------------------------------------------------------------------- time budget, DDP
 
-def _budget_rank(rank, port, skew_s, results):
+def _budget_rank(rank, rendezvous, skew_s, results):
     """One of two gloo processes running TimeBudgetHook on a stand-in runner; once
     training has started, rank 1's clock jumps ``skew_s`` ahead (its own reading of the
     budget is used up: a process that started its clock earlier, or was held up)."""
@@ -209,7 +209,7 @@ def _budget_rank(rank, port, skew_s, results):
     import torch.distributed as dist
 
     from mmplugin_inline.engine import TimeBudgetHook
-    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank,
+    dist.init_process_group('gloo', init_method=f'file://{rendezvous}', rank=rank,
                             world_size=2)
     try:
         offset = [0.0]
@@ -234,13 +234,12 @@ def _budget_rank(rank, port, skew_s, results):
 
 
 @pytest.mark.slow
-def test_time_budget_follows_rank_0_clock_under_ddp():
+def test_time_budget_follows_rank_0_clock_under_ddp(tmp_path):
     import torch.multiprocessing as mp
-
-    from helpers.runs import free_port
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_budget_rank, args=(free_port(), 1000.0, results), nprocs=2)
+        # a file rendezvous: no port to find free and hand over
+        mp.spawn(_budget_rank, args=(str(tmp_path / 'rendezvous'), 1000.0, results), nprocs=2)
         rank0, rank1 = results[0], results[1]
     # rank 1's own clock is past the 30 s budget: alone it would stop after one iteration
     assert rank0[0][1] > 1

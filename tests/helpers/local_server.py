@@ -1,4 +1,5 @@
-"""A real HTTP server on 127.0.0.1, in a thread, serving a temporary folder.
+"""A real HTTP server on 127.0.0.1, in a thread, serving a temporary folder; and a port
+that refuses connections (:func:`refused_port`).
 
 ``/a/b/?dl=1`` serves ``ROOT/a/b`` (a file) or, when that is a folder, its one file:
 how cloud shares answer their download links. ``.html`` files go out as ``text/html``,
@@ -8,6 +9,7 @@ is recorded, so tests can count downloads. No other address is ever contacted.
 import contextlib
 import http.server
 import os
+import socket
 import threading
 import urllib.parse
 from typing import Iterator, List
@@ -59,3 +61,16 @@ def serve_folder(root: str) -> Iterator[tuple]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A TCP port on 127.0.0.1 that refuses connections while the block runs.
+
+    The port is bound by this process and not listening: a connection is refused at once,
+    and no other process (another pytest-xdist worker) can bind it meanwhile, which a port
+    found free and then released cannot promise.
+    """
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        yield sock.getsockname()[1]

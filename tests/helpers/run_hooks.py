@@ -29,8 +29,9 @@ class SaveRankStateHook(Hook):
 
 @HOOKS.register_module()
 class PauseHook(Hook):
-    """After iteration ``after_iter`` (and any checkpoint it saves), print ``PAUSED N`` and
-    sleep, so that a test can kill the run at a known point. Draws no random numbers."""
+    """After iteration ``after_iter`` (and any checkpoint it saves), print ``PAUSED N
+    (RUNNER CLASS)`` and sleep, so that a test can kill the run at a known point. Draws no
+    random numbers."""
     priority = 'LOWEST'
 
     def __init__(self, after_iter: int, seconds: float = 900):
@@ -38,5 +39,5 @@ class PauseHook(Hook):
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
         if runner.iter + 1 == self.after_iter:
-            print(f'{PAUSED} {self.after_iter}', flush=True)
+            print(f'{PAUSED} {self.after_iter} ({type(runner).__name__})', flush=True)
             time.sleep(self.seconds)

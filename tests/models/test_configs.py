@@ -12,6 +12,7 @@ from mmengine.config import Config
 from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import DefaultScope
 
+from mmplugin_inline.engine.runner import RUNNER_TYPE
 from mmplugin_inline.registry import MODELS, released_weights
 from helpers.tiny_models import REPO, config_files, shrink_model
 
@@ -56,6 +57,7 @@ def test_config_names_the_plugin_and_where_its_imagenet_weights_go(path):
     cfg = _load(path)
     assert cfg.custom_imports == dict(imports=['mmplugin_inline'], allow_failed_imports=False)
     assert cfg.default_scope in ('mmdet', 'mmseg')
+    assert cfg.runner_type == RUNNER_TYPE  # configs/_base_/plugin_runtime.py
     backbone = cfg.model.backbone
     if backbone.init_cfg is None:  # only demos train from scratch
         assert path.startswith('configs/demo/')

@@ -1,4 +1,5 @@
-"""The registry glue: plugin models resolve under mmdet's and mmseg's default scopes."""
+"""The registry glue: plugin models, hooks and the runner resolve under mmdet's and mmseg's
+default scopes, and the runner also before any scope is set."""
 import pytest
 import torch.nn as nn
 from mmengine.registry import DefaultScope
@@ -61,3 +62,21 @@ def test_registering_twice_is_harmless_and_conflicts_are_named():
     finally:
         det_models.module_dict.pop('_ConflictProbe')
         MODELS.module_dict.pop('_ConflictProbe')
+
+
+def test_the_runner_type_resolves_as_stock_tools_build_it():
+    """mmdet's / mmseg's tools/train.py call mmengine's ``RUNNERS.build(cfg)`` before any
+    default scope exists: the scoped name must resolve from mmengine's root; under a
+    codebase's scope the bare name does too."""
+    from mmengine.registry import RUNNERS as ROOT
+
+    from mmplugin_inline.engine import SafeCheckpointRunner
+    from mmplugin_inline.engine.runner import RUNNER_TYPE
+    # the look-up of mmengine's build_runner_from_cfg, for a config without _scope_
+    with ROOT.switch_scope_and_registry(None) as registry:
+        assert registry.get(RUNNER_TYPE) is SafeCheckpointRunner
+    for scope in ('mmdet', 'mmseg'):
+        codebase = __import__(f'{scope}.registry', fromlist=['RUNNERS']).RUNNERS
+        with DefaultScope.overwrite_default_scope(scope):
+            assert codebase.get('SafeCheckpointRunner') is SafeCheckpointRunner
+            assert codebase.get(RUNNER_TYPE) is SafeCheckpointRunner

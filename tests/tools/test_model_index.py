@@ -6,8 +6,7 @@ parameters are rebuilt for a representative subset (one detector or segmentor pe
 family, the short name, a demo) and checked for equality across configs that build the
 same model; FLOPs are re-counted with mmplugin_inline.analysis.flops (get_flops.py's) for
 the smallest whole model that has them recorded (Semantic FPN InLine-PVT-T, 512x512)
-and for the smallest backbone of each family. Measured: 3.4 min on the 2 shared cores
-at a load of ~10 (about 80 s of CPU); the all-configs check loads 30 configs.
+and for the smallest backbone of each family; the all-configs check loads every config.
 """
 import glob
 import json

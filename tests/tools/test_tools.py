@@ -371,8 +371,11 @@ def test_load_from_a_file_that_runs_code_is_refused_by_train(shapes, tmp_path):
 
 # --------------------------------------------------------------------------- stock tools
 
-# The core of mmdet's and mmseg's own tools/train.py and tools/test.py (3.x / 1.x): the
-# config's custom_imports is the only thing that imports the plugin.
+# The core of mmdet's and mmseg's own tools/train.py and tools/test.py (3.x / 1.x) for a
+# config without runner_type: mmengine's plain Runner, which reads the plugin's
+# checkpoints through the allow-list that importing the plugin registers; the config's
+# custom_imports is the only thing that imports it. (Stock mmdet's tools/train.py with our
+# configs' runner_type: tests/e2e/test_runs_reliability.py.)
 _STOCK_TOOL = """
 import sys
 from mmengine.config import Config

@@ -19,9 +19,8 @@ from mmplugin_inline.registry import MODELS
 from mmplugin_inline.engine.preflight import checkpoint_problems
 
 from helpers.fidelity import DATA, backbone_cfg, load_fixture
-from helpers.local_server import serve_folder
+from helpers.local_server import refused_port, serve_folder
 from helpers.pickles import RunsCode, writes_marker
-from helpers.runs import free_port
 from helpers.paths import REPO
 
 ROOT = REPO
@@ -548,6 +547,32 @@ def test_the_hash_check_is_turned_off_by_config_keys(tmp_path):
         assert 'model' in _load_checkpoint(str(path), map_location='cpu')
 
 
+
+def test_mmengines_loader_is_ours_in_the_block_and_its_own_again_after_it(tmp_path):
+    """mmengine_checkpoint_loading registers its loaders through mmengine's public
+    register_scheme: an inner block's settings end with it, and after the outer block
+    mmengine reads files with its own loader (torch's error for a cut file)."""
+    from mmengine.runner.checkpoint import CheckpointLoader
+
+    from mmplugin_inline.weights import mmengine_checkpoint_loading
+    from helpers.runs import truncate
+    published = tmp_path / 'run-0badc0de.pth'  # not its hash
+    torch.save({'meta': {'iter': 3}, 'state_dict': {'w': torch.ones(2)}}, published)
+    cut = tmp_path / 'cut.pth'
+    cut.write_bytes(published.read_bytes())
+    truncate(cut)
+    with mmengine_checkpoint_loading():
+        with pytest.raises(DamagedCheckpointError, match='cut.pth is truncated'):
+            CheckpointLoader.load_checkpoint(str(cut))
+        with mmengine_checkpoint_loading(verify_hash=False):
+            assert CheckpointLoader.load_checkpoint(str(published))['meta']['iter'] == 3
+        with pytest.raises(DamagedCheckpointError, match='0badc0de'):  # the outer block's
+            CheckpointLoader.load_checkpoint(str(published))
+    with pytest.raises(Exception) as raw:
+        CheckpointLoader.load_checkpoint(str(cut))
+    assert not isinstance(raw.value, CheckpointError)  # mmengine's own loader: torch's error
+    assert CheckpointLoader.load_checkpoint(str(published))['meta']['iter'] == 3
+
 # --------------------------------------------------------------------------- URLs
 
 @pytest.fixture
@@ -573,8 +598,21 @@ def server(tmp_path):
         yield base, requests
 
 
-def _closed_port_url():
-    return f'http://127.0.0.1:{free_port()}/weights.pth'  # nothing listens there
+@pytest.fixture
+def refused_url():
+    """A URL on 127.0.0.1 whose port refuses connections (held for the test)."""
+    with refused_port() as port:
+        yield f'http://127.0.0.1:{port}/weights.pth'
+
+
+def test_a_refused_port_refuses_and_nobody_else_can_take_it():
+    import socket
+    with refused_port() as port:
+        with socket.socket() as client, pytest.raises(ConnectionRefusedError):
+            client.settimeout(5)
+            client.connect(('127.0.0.1', port))
+        with socket.socket() as other, pytest.raises(OSError, match='in use'):
+            other.bind(('127.0.0.1', port))
 
 
 def test_url_file_names_come_from_the_path_not_the_query():
@@ -620,11 +658,11 @@ def test_a_published_url_is_verified_once_after_the_download(server, hub_dir, tm
     assert load_weights(bad, verify_hash=False)['iter'] == 12
 
 
-def test_bad_urls_get_clear_errors_naming_them(server, hub_dir):
+def test_bad_urls_get_clear_errors_naming_them(server, hub_dir, refused_url):
     base, _ = server
     cases = {f'{base}/f/missing/?dl=1': 'HTTP 404',
              f'{base}/share/': 'returned a web page',
-             _closed_port_url(): 'could not connect'}
+             refused_url: 'could not connect'}
     for url, expected in cases.items():
         with pytest.raises(CheckpointDownloadError) as info:
             _deit(url)
@@ -634,11 +672,12 @@ def test_bad_urls_get_clear_errors_naming_them(server, hub_dir):
         cached_file(f'{base}/share/')
 
 
-def test_preflight_reports_unreachable_urls_before_anything_is_built(server, hub_dir):
+def test_preflight_reports_unreachable_urls_before_anything_is_built(server, hub_dir,
+                                                                    refused_url):
     from mmengine.config import Config
     base, requests = server
     good = f'{base}/f/2f3898b07e9247f3beb3/?dl=1'
-    missing, page, refused = f'{base}/f/missing/?dl=1', f'{base}/share/', _closed_port_url()
+    missing, page, refused = f'{base}/f/missing/?dl=1', f'{base}/share/', refused_url
     cfg = Config(dict(model=dict(backbone=dict(init_cfg=dict(type='Pretrained',
                                                              checkpoint=good))),
                       load_from=None))
@@ -655,9 +694,12 @@ def test_preflight_reports_unreachable_urls_before_anything_is_built(server, hub
     assert len(problems) == 1 and 'load_from' in problems[0]
 
 
+# RANK, LOCAL_RANK and WORLD_SIZE as a launcher sets them; the process group meets in a
+# file (no port to find free and hand over)
 _RANK_SCRIPT = """
 import os, sys, torch, torch.distributed as dist
-dist.init_process_group('gloo')
+dist.init_process_group('gloo', init_method='file://' + sys.argv[3],
+                        rank=int(os.environ['RANK']), world_size=int(os.environ['WORLD_SIZE']))
 from mmplugin_inline.weights import cached_file, load_weights
 torch.hub.set_dir(sys.argv[2])
 path = cached_file(sys.argv[1])
@@ -671,14 +713,13 @@ dist.destroy_process_group()
 def test_under_a_distributed_launcher_only_local_rank_0_downloads(server, tmp_path):
     base, requests = server
     url = f'{base}/f/2f3898b07e9247f3beb3/?dl=1'
-    port = free_port()
     procs = []
     for rank in range(2):
         env = dict(os.environ, PYTHONPATH=ROOT, RANK=str(rank), LOCAL_RANK=str(rank),
-                   WORLD_SIZE='2', MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port),
-                   OMP_NUM_THREADS='1')
+                   WORLD_SIZE='2', OMP_NUM_THREADS='1')
         procs.append(subprocess.Popen([sys.executable, '-c', _RANK_SCRIPT, url,
-                                       str(tmp_path / 'hub')], env=env, cwd=ROOT,
+                                       str(tmp_path / 'hub'), str(tmp_path / 'rendezvous')],
+                                      env=env, cwd=ROOT,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     outs = [p.communicate(timeout=120) for p in procs]
