@@ -194,8 +194,8 @@ class WindowAttention(MultiHeadAttentionBase):
 
     Any H x W: the map is padded to whole windows and the output is cropped; the padded
     tokens are not real (the mixer's ``key_mask``), so a border window gives what its
-    real tokens give alone. As in the
-    authors' Swin, a map no larger than one window in its short side gets no shift.
+    real tokens give alone. As in the authors' Swin, a map no larger than one window in
+    its short side gets no shift.
     Shifted windows and the relative position bias are for mixers that take an additive
     bias (softmax): a shifted window mixes regions whose queries see different keys,
     which a per-key mask cannot express (``shift=True`` with 'I' or 'L' raises).
