@@ -159,8 +159,9 @@ def report(summary: Dict[str, dict], pairs: List[dict], metric: str) -> str:
 def compare(config: str, variants: Sequence[Variant], seeds: Sequence[int], iters: int,
             out_dir: str, cfg_options: Optional[dict] = None,
             metric: Optional[str] = None, log=print) -> dict:
-    """Train every variant with every seed (``out_dir/<variant>_seed<k>``) and write
-    ``results.json`` and ``results.md`` into ``out_dir``; returns the results."""
+    """Train every variant with every seed (``out_dir/<variant>_seed<k>``); after each
+    run, ``results.json`` and ``results.md`` of the runs so far go into ``out_dir``.
+    Returns the results."""
     from mmplugin_inline import tools_common
     if iters < 1 or not seeds or not variants:
         raise ValueError('the comparison needs at least one variant, one seed and one iteration')
@@ -175,6 +176,16 @@ def compare(config: str, variants: Sequence[Variant], seeds: Sequence[int], iter
             log(f'[compare] {variant.name}, seed {seed}: {metric} {run.metric:.4g}, '
                 f'{run.time_per_iter:.3f} s / iter')
             runs.append(run)
+            # written after every run: a comparison stopped early keeps what it has
+            results = write_results(out_dir, config, metric, iters, seeds, runs)
+    log(report(results['summary'], results['pairs'], metric))
+    return results
+
+
+def write_results(out_dir: str, config: str, metric: str, iters: int, seeds: Sequence[int],
+                  runs: Sequence[Run]) -> dict:
+    """``results.json`` (every run, the summary, the pairs) and ``results.md`` of the runs
+    so far, in ``out_dir``; returns the results."""
     summary = summarise(runs)
     pairs = separations(summary)
     results = dict(config=config, metric=metric, iters=iters, seeds=list(seeds),
@@ -182,8 +193,6 @@ def compare(config: str, variants: Sequence[Variant], seeds: Sequence[int], iter
     os.makedirs(out_dir, exist_ok=True)
     with open(osp.join(out_dir, 'results.json'), 'w') as f:
         json.dump(results, f, indent=1)
-    text = report(summary, pairs, metric)
     with open(osp.join(out_dir, 'results.md'), 'w') as f:
-        f.write(text)
-    log(text)
+        f.write(report(summary, pairs, metric))
     return results
