@@ -17,8 +17,8 @@ The PyTorch model itself is not changed; :func:`verify_detector` compares the tw
 Each step names the mmdet function it follows. Differences, all without effect on the
 result: the RoI extractor runs ``roi_align`` of every RoI on every level and keeps each
 RoI's own level (mmdet gathers the RoIs of a level first: a data-dependent split), and
-masks are pasted over the whole image (mmdet pastes into the box's extent plus one
-pixel; outside it the bilinear value is below the 0.5 threshold either way).
+masks are sampled over the whole image and then cut to the box's extent plus one pixel,
+where mmdet pastes them (a region of data-dependent size).
 """
 import math
 from typing import Dict, List, Sequence, Tuple
@@ -154,8 +154,19 @@ def paste_masks(masks: torch.Tensor, boxes: torch.Tensor, hw: Tuple,
     gx = img_x[:, None, :].expand(n, img_y.shape[1], img_x.shape[1])
     gy = img_y[:, :, None].expand(n, img_y.shape[1], img_x.shape[1])
     grid = torch.stack([gx, gy], dim=3)                             # [n, H, W, 2]
-    pasted = F.grid_sample(masks[:, None].float(), grid, align_corners=False)
-    return pasted[:, 0] >= threshold
+    pasted = F.grid_sample(masks[:, None].float(), grid, align_corners=False)[:, 0]
+    # mmdet pastes on the CPU into the box's extent plus a pixel (skip_empty); outside it
+    # the value is below 0.5 anyway, except for a box of zero width or height (its inf
+    # grid becomes 0, which would sample the mask's middle across the whole image)
+    x_lo = (x0.floor() - 1).clamp(min=0)
+    y_lo = (y0.floor() - 1).clamp(min=0)
+    x_hi = (x1.ceil() + 1).clamp(max=w)
+    y_hi = (y1.ceil() + 1).clamp(max=h)
+    cols = torch.arange(w, device=boxes.device)[None, :]
+    rows = torch.arange(h, device=boxes.device)[None, :]
+    inside = ((rows >= y_lo) & (rows < y_hi))[:, :, None] & \
+        ((cols >= x_lo) & (cols < x_hi))[:, None, :]                   # [n, H, W]
+    return (pasted >= threshold) & inside
 
 
 class TwoStageDetectorGraph(nn.Module):
