@@ -422,9 +422,9 @@ def verify_segmentor_labels(model, path: str, inputs) -> List[dict]:
                                              pad_shape=(h, w), padding_size=[0, 0, 0, 0]))
         with torch.no_grad():
             ref = model.predict(x, [sample])[0].pred_sem_seg.data[0].numpy()
-        got = session.run(None, {'inputs': x.numpy()})[0][0]
-        equal = float(np.mean(ref == got)) if ref.shape == got.shape else None
-        rows.append(dict(hw=(h, w), shape=ref.shape, onnx_shape=got.shape, equal=equal))
+        out = session.run(None, {'inputs': x.numpy()})[0]          # [1, H, W]
+        equal = float(np.mean(ref == out[0])) if (1,) + ref.shape == out.shape else None
+        rows.append(dict(hw=(h, w), shape=ref.shape, onnx_shape=out.shape, equal=equal))
     return rows
 
 
@@ -454,13 +454,20 @@ def deployment_metadata(cfg, codebase: str, task: str, outputs: Sequence[str]) -
                                                             'TestTimeAug'):
             raise ValueError(f'the test pipeline step {kind} cannot be recorded for '
                              'onnx_inference.py (supported: Resize with a fixed scale)')
+    if codebase == 'mmseg':  # SegDataPreProcessor pads test images only by its test_cfg
+        test_pad = pre.get('test_cfg') or {}
+        if test_pad.get('size'):
+            raise ValueError(f'data_preprocessor.test_cfg.size {test_pad["size"]} (padding '
+                             'to a fixed size) is not recorded')
+        divisor, pad_value = test_pad.get('size_divisor') or 1, pre.get('pad_val', 0)
+    else:
+        divisor, pad_value = pre.get('pad_size_divisor') or 1, pre.get('pad_value', 0)
     record = dict(
         task=task, outputs=list(outputs), codebase=codebase,
         mean=[float(v) for v in pre.get('mean', [0, 0, 0])],
         std=[float(v) for v in pre.get('std', [1, 1, 1])],
         bgr_to_rgb=bool(pre.get('bgr_to_rgb', False)),
-        size_divisor=int(pre.get('pad_size_divisor', pre.get('size_divisor', None)) or 1),
-        pad_value=float(pre.get('pad_value', pre.get('pad_val', 0))),
+        size_divisor=int(divisor), pad_value=float(pad_value),
         resize=resize, classes=list(_class_names(cfg, codebase)))
     return {METADATA_KEY: json.dumps(record)}
 

@@ -22,6 +22,8 @@ from helpers.tiny_models import REPO, shrink_model
 from helpers.tool_configs import tiny_sem_fpn
 
 pytest.importorskip('onnxruntime')
+# one worker runs this file: its slow tests share one export (a module fixture)
+pytestmark = pytest.mark.xdist_group('onnx_whole')
 
 # sizes other than the export size (64 x 96), not multiples of 32
 VERIFY_HW = [(61, 83), (77, 101)]
@@ -149,31 +151,123 @@ def _assert_standard_ops(path):
     assert not domains and {'NonMaxSuppression', 'RoiAlign', 'TopK'} <= ops, (domains, ops)
 
 
-@pytest.mark.slow
-def test_cli_exports_and_verifies_a_whole_mask_rcnn(tmp_path):
-    """The tool as a user runs it: a config and a checkpoint of a tiny Mask R-CNN."""
-    config = str(tmp_path / 'tiny_mask_rcnn.py')
-    tiny_detector_cfg('mask-rcnn').dump(config)
-    checkpoint = str(tmp_path / 'tiny.pth')
+# the tiny Mask R-CNN's test-time resize (its config's 1333 x 800 would make the runtime
+# test's images large): the metadata must carry this one
+TEST_SCALE = (128, 96)
+
+
+@pytest.fixture(scope='module')
+def mask_rcnn_export(tmp_path_factory):
+    """A tiny Mask R-CNN config and checkpoint, exported and verified by the tool as a user
+    runs it: (config, checkpoint, ONNX file, the tool's output)."""
+    tmp = tmp_path_factory.mktemp('mask_rcnn_onnx')
+    cfg = tiny_detector_cfg('mask-rcnn')
+    for step in cfg.test_dataloader.dataset.pipeline:
+        if step['type'] == 'Resize':
+            step['scale'] = TEST_SCALE
+    config = str(tmp / 'tiny_mask_rcnn.py')
+    cfg.dump(config)
+    checkpoint = str(tmp / 'tiny.pth')
     torch.save(dict(state_dict=tiny_detector('mask-rcnn').state_dict(), meta={}), checkpoint)
-    out = str(tmp_path / 'det.onnx')
+    out = str(tmp / 'det.onnx')
     rc, text, _ = run_tool([PYTHON, osp.join(REPO, 'tools/deployment/pytorch2onnx.py'), config,
                             '--checkpoint', checkpoint, '--out', out, '--shape', '64', '96',
                             '--verify', '--verify-shapes', '61', '83', '77', '101'],
                            timeout=1800)
     ok(rc, text)
     print(text[-1500:])
-    assert 'whole detector' in text and 'Outputs: boxes, scores, labels, masks' in text
-    assert '| random 61x83 | 61x83 |' in text and 'Verified: matched detections' in text
-    _assert_standard_ops(out)
+    return config, checkpoint, out, text
+
+
+@pytest.mark.slow
+def test_cli_exports_and_verifies_a_whole_mask_rcnn(mask_rcnn_export):
     import json
 
     import onnx
+    _, _, out, text = mask_rcnn_export
+    assert 'whole detector' in text and 'Outputs: boxes, scores, labels, masks' in text
+    assert '| random 61x83 | 61x83 |' in text and 'Verified: matched detections' in text
+    _assert_standard_ops(out)
     meta = {p.key: p.value for p in onnx.load(out, load_external_data=False).metadata_props}
     record = json.loads(meta[export.METADATA_KEY])
     assert record['task'] == 'detection' and record['size_divisor'] == 32
-    assert record['resize'] == dict(scale=[1333, 800], keep_ratio=True)
+    assert record['resize'] == dict(scale=list(TEST_SCALE), keep_ratio=True)
+    assert record['bgr_to_rgb'] and record['mean'] == [123.675, 116.28, 103.53]
     assert len(record['classes']) == 80  # the config's COCO metainfo (the model: 3 classes)
+
+
+# imports blocked in the runtime's process: the training stack (and so the package itself,
+# whose __init__ imports torch)
+BLOCKER = """
+import sys
+BLOCKED = ('torch', 'torchvision', 'mmdet', 'mmseg', 'mmcv', 'mmengine')
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in BLOCKED:
+            raise ImportError(f'{name} is blocked in this test')
+sys.meta_path.insert(0, Block())
+import runpy
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name='__main__')
+"""
+
+
+def _mmdet_detections(config, checkpoint, path):
+    """mmdet's own test pipeline and predict(rescale=True): original-image detections."""
+    from mmengine.dataset import Compose
+    from mmengine.registry import init_default_scope
+    from mmengine.runner import load_checkpoint
+
+    from mmplugin_inline.analysis import build_model
+    from mmplugin_inline.tools_common import load_config
+    cfg = load_config(config)
+    init_default_scope('mmdet')
+    model = build_model(cfg).eval()
+    load_checkpoint(model, checkpoint, map_location='cpu')
+    steps = [s for s in cfg.test_dataloader.dataset.pipeline if 'Annotations' not in s['type']]
+    data = Compose(steps)(dict(img_path=path, img_id=0))
+    with torch.no_grad():
+        batch = model.data_preprocessor(dict(inputs=[data['inputs']],
+                                             data_samples=[data['data_samples']]), False)
+        pred = model.predict(batch['inputs'], batch['data_samples'], rescale=True)[0]
+    p = pred.pred_instances
+    return dict(boxes=p.bboxes.numpy(), scores=p.scores.numpy(), labels=p.labels.numpy())
+
+
+@pytest.mark.slow
+def test_onnx_inference_runs_without_torch_or_mmdet(mask_rcnn_export, tmp_path):
+    """tools/deployment/onnx_inference.py with torch and mmdet blocked from import: its
+    detections, in the original image's coordinates, are mmdet's on the same files."""
+    import json
+
+    import cv2
+    config, checkpoint, onnx_file, _ = mask_rcnn_export
+    images = tmp_path / 'images'
+    images.mkdir()
+    gen = np.random.RandomState(0)
+    files = {'a.jpg': (97, 131), 'b.png': (150, 83)}
+    for name, (h, w) in files.items():
+        cv2.imwrite(str(images / name), gen.randint(0, 256, (h, w, 3)).astype(np.uint8))
+    out_dir = tmp_path / 'out'
+    rc, text, _ = run_tool([PYTHON, '-c', BLOCKER,
+                            osp.join(REPO, 'tools/deployment/onnx_inference.py'), onnx_file,
+                            str(images), '--out-dir', str(out_dir), '--score-thr', '0'],
+                           env=dict(PYTHONPATH=''))
+    ok(rc, text)
+    for name, (h, w) in files.items():
+        stem = osp.splitext(name)[0]
+        assert cv2.imread(str(out_dir / f'{stem}.png')).shape == (h, w, 3)
+        with open(out_dir / f'{stem}.json') as f:
+            result = json.load(f)
+        dets = result['detections']
+        got = dict(boxes=np.array([d['bbox'] for d in dets], np.float32).reshape(-1, 4),
+                   scores=np.array([d['score'] for d in dets]),
+                   labels=np.array([d['label'] for d in dets]))
+        ref = _mmdet_detections(config, checkpoint, str(images / name))
+        r = det.match_detections(ref, got, iou=0.99, score_tol=1e-3)
+        assert r['ref'] > 10 and r['share'] >= 0.99, r
+        assert all(d['mask']['size'] == [h, w] and sum(d['mask']['counts']) == h * w
+                   for d in dets)
 
 
 @pytest.mark.slow
