@@ -39,7 +39,8 @@ import os.path as osp
 
 from ..deployment.onnx import (DEFAULT_OPSET, DEFAULT_TOLERANCE, EXAMPLE_BATCH,
                                build_export_module, check_rows, default_verify_shapes,
-                               describe_range, export_onnx, format_rows, verify_onnx)
+                               describe_range, export_onnx, format_rows, onnx_operators,
+                               verify_onnx)
 
 #: the least share of matched detections (of equal labels) --verify accepts by default
 DEFAULT_MIN_SHARE = {'detector': 0.99, 'labels': 0.999}
@@ -174,6 +175,7 @@ def main(argv=None):
            if batch != 1 else ''))
     if outputs:
         print(f'Outputs: {", ".join(outputs)}')
+    print(f'Operators: {", ".join(onnx_operators(args.out))}')
     if not args.verify:
         return 0
     shapes = verify_shapes or default_verify_shapes(shape)

@@ -257,6 +257,26 @@ def optimize_program(program) -> None:
     program.optimize()
 
 
+def onnx_operators(path: str) -> List[str]:
+    """The operators of the ONNX file ``path`` (``domain::Op`` outside the default
+    domain), sorted, subgraphs included."""
+    import onnx
+    model = onnx.load(path, load_external_data=False)
+    ops = set()
+
+    def walk(graph):
+        for node in graph.node:
+            ops.add(node.op_type if node.domain in ('', 'ai.onnx')
+                    else f'{node.domain}::{node.op_type}')
+            for attr in node.attribute:
+                if attr.g is not None and attr.g.node:
+                    walk(attr.g)
+    walk(model.graph)
+    for function in model.functions:
+        walk(function)
+    return sorted(ops)
+
+
 def default_verify_shapes(shape: Tuple[int, int]) -> List[Tuple[int, int]]:
     """Two sizes other than ``shape``, neither side a multiple of 32 (nor even)."""
     h, w = shape

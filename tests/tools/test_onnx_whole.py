@@ -291,3 +291,31 @@ def test_cli_exports_segmentor_labels(tmp_path):
     print(text[-1000:])
     assert 'segmentor (label map)' in text and '| random 61x83 | 61x83 | 1x61x83 |' in text
     assert 'Verified: equal labels' in text
+
+
+def test_cli_rejects_bad_whole_model_options(tmp_path, capsys):
+    """One message, exit status 1 and no traceback (the tool's main, in process)."""
+    from mmplugin_inline.cli import pytorch2onnx
+
+    from helpers.runs import tool_failure
+    config = str(tmp_path / 'tiny_mask_rcnn.py')
+    tiny_detector_cfg('mask-rcnn').dump(config)
+    base = [config, '--out', str(tmp_path / 'x.onnx'), '--shape', '64', '96']
+    err = tool_failure(pytorch2onnx.main, base + ['--with-argmax'], capsys)
+    assert '--with-argmax is for whole mmseg segmentors' in err
+    err = tool_failure(pytorch2onnx.main, base + ['--verify', '--verify-images',
+                                                  str(tmp_path / 'none')], capsys)
+    assert '--verify-images: not a folder' in err
+    (tmp_path / 'empty').mkdir()
+    err = tool_failure(pytorch2onnx.main, base + ['--verify', '--verify-images',
+                                                  str(tmp_path / 'empty')], capsys)
+    assert '--verify-images: no images' in err
+    err = tool_failure(pytorch2onnx.main, base + ['--min-share', '2'], capsys)
+    assert '--min-share must be between 0 and 1' in err
+
+
+def test_onnx_inference_rejects_bad_input(tmp_path, capsys):
+    from mmplugin_inline.cli import onnx_inference
+    assert onnx_inference.main([str(tmp_path / 'none.onnx'), str(tmp_path),
+                                '--out-dir', str(tmp_path / 'out')]) == 1
+    assert 'ONNX file not found' in capsys.readouterr().err
