@@ -19,7 +19,6 @@ def onnx_coco_results(onnx_path: str, ann_file: str, img_dir: str,
     ``segmentation``) of the ONNX file on the annotation file's images, and the COCO
     object."""
     import cv2
-    import pycocotools.mask as mask_util
     from pycocotools.coco import COCO
 
     from . import runtime
@@ -42,16 +41,24 @@ def onnx_coco_results(onnx_path: str, ann_file: str, img_dir: str,
             raise ValueError(f'cannot read {osp.join(img_dir, info["file_name"])}')
         x, geometry = runtime.preprocess(image, record)
         outputs = dict(zip(names, session.run(None, {session.get_inputs()[0].name: x})))
-        for d in runtime.postprocess_detections(outputs, geometry, record['classes']):
-            x1, y1, x2, y2 = d['bbox']
-            item = dict(image_id=img_id, category_id=cat_ids[d['label']],
-                        bbox=[x1, y1, x2 - x1, y2 - y1], score=d['score'])
-            if 'mask' in d:
-                rle = mask_util.frPyObjects(d['mask'], *d['mask']['size'])
-                rle['counts'] = rle['counts'].decode()
-                item['segmentation'] = rle
-            results.append(item)
+        results += [coco_result(d, img_id, cat_ids) for d in
+                    runtime.postprocess_detections(outputs, geometry, record['classes'])]
     return results, coco, img_ids
+
+
+def coco_result(detection: Dict, img_id: int, cat_ids) -> Dict:
+    """One detection of :func:`.runtime.postprocess_detections` (x1, y1, x2, y2; label
+    index; uncompressed RLE) as a COCO result (x, y, w, h; category id; compressed RLE),
+    as mmdet's ``CocoMetric.results2json`` writes it."""
+    import pycocotools.mask as mask_util
+    x1, y1, x2, y2 = detection['bbox']
+    item = dict(image_id=img_id, category_id=cat_ids[detection['label']],
+                bbox=[x1, y1, x2 - x1, y2 - y1], score=detection['score'])
+    if 'mask' in detection:
+        rle = mask_util.frPyObjects(detection['mask'], *detection['mask']['size'])
+        rle['counts'] = rle['counts'].decode()
+        item['segmentation'] = rle
+    return item
 
 
 def coco_map(results, coco, img_ids, iou_types=('bbox', 'segm')) -> Dict[str, float]:

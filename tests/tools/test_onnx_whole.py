@@ -319,3 +319,32 @@ def test_onnx_inference_rejects_bad_input(tmp_path, capsys):
     assert onnx_inference.main([str(tmp_path / 'none.onnx'), str(tmp_path),
                                 '--out-dir', str(tmp_path / 'out')]) == 1
     assert 'ONNX file not found' in capsys.readouterr().err
+
+
+def test_coco_scoring_of_runtime_detections(shapes):
+    """Runtime-style detections (x1, y1, x2, y2, RLE of the runtime) made from the ground
+    truth score 1.0 bbox and segm mAP through coco_eval; boxes moved by half their size
+    do not."""
+    import pycocotools.mask as mask_util
+    from pycocotools.coco import COCO
+
+    from mmplugin_inline.deployment import coco_eval, runtime
+    coco = COCO(osp.join(shapes, 'annotations', 'instances_validation.json'))
+    cat_ids = sorted(coco.getCatIds())
+    perfect, moved = [], []
+    for ann in coco.loadAnns(coco.getAnnIds()):
+        info = coco.loadImgs([ann['image_id']])[0]
+        mask = coco.annToMask(ann).astype(bool)
+        x, y, w, h = ann['bbox']
+        d = dict(bbox=[x, y, x + w, y + h], score=0.9, label=cat_ids.index(ann['category_id']),
+                 mask=runtime.rle(mask))
+        assert mask_util.area(mask_util.frPyObjects(d['mask'], info['height'],
+                                                    info['width'])) == mask.sum()
+        perfect.append(coco_eval.coco_result(d, ann['image_id'], cat_ids))
+        d = dict(d, bbox=[x + w / 2, y + h / 2, x + 1.5 * w, y + 1.5 * h],
+                 mask=runtime.rle(np.roll(mask, (int(h / 2), int(w / 2)), (0, 1))))
+        moved.append(coco_eval.coco_result(d, ann['image_id'], cat_ids))
+    img_ids = coco.getImgIds()
+    assert coco_eval.coco_map(perfect, coco, img_ids) == dict(bbox_mAP=1.0, segm_mAP=1.0)
+    low = coco_eval.coco_map(moved, coco, img_ids)
+    assert low['bbox_mAP'] < 0.5 and low['segm_mAP'] < 0.5, low
