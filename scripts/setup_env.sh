@@ -32,7 +32,8 @@ pin() {  # pin NAME -> the exact version from requirements/pinned.txt
 }
 
 want_stamp() {
-    cat "$PINS" "$ROOT/setup.cfg" "$ROOT/setup.py" "$ROOT/scripts/setup_env.sh" | sha256sum | cut -d' ' -f1
+    cat "$PINS" "$ROOT/setup.cfg" "$ROOT/setup.py" "$ROOT/scripts/setup_env.sh" \
+        | sha256sum | cut -d' ' -f1
 }
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(want_stamp)" ] && [ -x "$VENV/bin/python" ]; then
