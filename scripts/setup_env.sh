@@ -2,7 +2,7 @@
 # Create .venv/ in the repository root and install the pinned stack into it.
 #
 # Idempotent: when .venv/ already holds exactly what requirements/pinned.txt,
-# setup.cfg and setup.py ask for, it says so and returns in about a second.
+# setup.cfg, setup.py and this script ask for, it says so and returns in about a second.
 #
 # mmcv 2.1.0 has no CPU wheel on the package index, so it is built from its sdist with
 # the compiled ops (mmcv.ops.RoIAlign, nms, ... are needed by Mask R-CNN). The wheel is
@@ -32,7 +32,8 @@ pin() {  # pin NAME -> the exact version from requirements/pinned.txt
 }
 
 want_stamp() {
-    cat "$PINS" "$ROOT/setup.cfg" "$ROOT/setup.py" | sha256sum | cut -d' ' -f1
+    cat "$PINS" "$ROOT/setup.cfg" "$ROOT/setup.py" "$ROOT/scripts/setup_env.sh" \
+        | sha256sum | cut -d' ' -f1
 }
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(want_stamp)" ] && [ -x "$VENV/bin/python" ]; then
@@ -100,9 +101,23 @@ say "installing mmdet, mmsegmentation, timm, mim, test tools and the plugin (edi
 grep -v -E '^\s*(#|$)' "$PINS" | grep -v -E '^openmim==' > "$VENV/.pins.txt"
 "${PIP[@]}" -r "$VENV/.pins.txt"
 "${PIP[@]}" --no-deps "openmim==$(pin openmim)"
-# setup.py links configs/, tools/, demo/ and model-index.yml into mmplugin_inline/.mim/
-# (mim itself finds only regular installs: it looks in <site-packages>/mmplugin_inline)
-"${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT"
+# setup.py links configs/, tools/, demo/ and model-index.yml into mmplugin_inline/.mim/.
+# mim looks for them in <location of the dist-info>/mmplugin_inline/.mim, and an editable
+# install keeps its dist-info in site-packages. So: the compat editable mode (a .pth that
+# puts the repository root on sys.path, where the package is a regular one) and, in
+# site-packages, a folder mmplugin_inline/ holding only the link .mim -> the repository's
+# mmplugin_inline/.mim. Without an __init__.py that folder is at most a namespace portion,
+# so `import mmplugin_inline` still finds the repository's package (found later on sys.path).
+"${PIP[@]}" --no-deps --no-build-isolation --config-settings editable_mode=compat -e "$ROOT"
+SITE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+mkdir -p "$SITE/mmplugin_inline"
+ln -sfn "$ROOT/mmplugin_inline/.mim" "$SITE/mmplugin_inline/.mim"
+"$PY" - "$ROOT" <<'PYEOF'
+import importlib.util, os.path as osp, sys
+origin = importlib.util.find_spec('mmplugin_inline').origin
+if origin is None or osp.dirname(osp.dirname(osp.realpath(origin))) != osp.realpath(sys.argv[1]):
+    sys.exit(f'setup: import mmplugin_inline finds {origin}, not the package in {sys.argv[1]}')
+PYEOF
 
 say "checking the installed stack"
 "$PY" -m mmplugin_inline.utils.env_check

@@ -125,6 +125,35 @@ def segmentor_tensor_mode(segmentor):
     return SegmentorTensorMode(segmentor)
 
 
+def segmentor_labels(segmentor):
+    """A module whose ``forward(inputs)`` is the label map ``[B, H, W]`` int64 at the
+    input's size: the tensor mode's logits resized to the input (bilinear, the decode
+    head's ``align_corners``) and their argmax over the classes (a threshold of the
+    sigmoid for one output channel), as mmseg's ``predict`` computes them for an image
+    of the input's size (``postprocess_result``)."""
+    import torch.nn as nn
+
+    class SegmentorLabels(nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+            head = model.decode_head
+            self.align_corners = bool(head.align_corners)
+            self.threshold = getattr(head, 'threshold', 0.3) if head.out_channels == 1 \
+                else None
+
+        def forward(self, inputs):
+            import torch.nn.functional as F
+            logits = self.model(inputs, None, mode='tensor')
+            logits = F.interpolate(logits, size=inputs.shape[2:], mode='bilinear',
+                                   align_corners=self.align_corners)
+            if self.threshold is not None:
+                return (logits.sigmoid() > self.threshold)[:, 0].long()
+            return logits.argmax(dim=1)
+
+    return SegmentorLabels(segmentor)
+
+
 def _bound(value) -> Optional[int]:
     """A range bound of ``torch.export`` as an int; None for infinity (``int_oo``)."""
     try:
@@ -157,26 +186,34 @@ def describe_range(name: str, r) -> str:
 
 
 def export_onnx(module, shape: Tuple[int, int], out: str, opset: int = DEFAULT_OPSET,
-                in_channels: int = 3) -> dict:
-    """Export ``module`` (eval mode, one image tensor in) with dynamic batch, H and W.
+                in_channels: int = 3, batch: int = EXAMPLE_BATCH,
+                output_names: Optional[Sequence[str]] = None,
+                metadata: Optional[dict] = None) -> dict:
+    """Export ``module`` (eval mode, one image tensor ``inputs`` in) with dynamic H and W,
+    and a dynamic batch unless ``batch`` is 1 (the whole detectors take one image).
 
-    Returns ``dict(path, ranges=[batch, C, H, W] as (min, max) or a fixed int)``.
-    Raises ValueError when the export fixed the batch, height or width.
+    ``output_names`` name the graph's outputs; ``metadata`` (str -> str) is written into
+    the file's ``metadata_props``. Returns ``dict(path, ranges=[batch, C, H, W] as (min,
+    max) or a fixed int, seconds)``. Raises ValueError when the export fixed the batch
+    (if dynamic), height or width.
     """
+    import time
+
     import torch
+    start = time.perf_counter()
     module.eval()
-    example = torch.randn(EXAMPLE_BATCH, in_channels, *shape,
+    example = torch.randn(batch, in_channels, *shape,
                           generator=torch.Generator().manual_seed(0))
     auto = torch.export.Dim.AUTO
+    dims = {2: auto, 3: auto} if batch == 1 else {0: auto, 2: auto, 3: auto}
     with torch.no_grad(), exportable_upsampling(module):
-        exported = torch.export.export(module, (example,),
-                                       dynamic_shapes=({0: auto, 2: auto, 3: auto},))
+        exported = torch.export.export(module, (example,), dynamic_shapes=(dims,))
         if _has_dynamic_group_conv(exported):  # the models' own residual writes its taps
             exported = exported.run_decompositions(
                 {torch.ops.aten.conv2d.default: conv2d_dynamic_groups})
     ranges = _dim_ranges(exported)
-    fixed = [name for name, r in zip(('batch', None, 'height', 'width'), ranges)
-             if name and isinstance(r, int)]
+    names = ('batch' if batch != 1 else None, None, 'height', 'width')
+    fixed = [name for name, r in zip(names, ranges) if name and isinstance(r, int)]
     if fixed:
         raise ValueError(
             f'the export fixed the {", ".join(fixed)} of the input to the example\'s '
@@ -184,11 +221,15 @@ def export_onnx(module, shape: Tuple[int, int], out: str, opset: int = DEFAULT_O
             'the model branches on that size; export at another --shape, or see the '
             'limits in the README (Deployment: ONNX)')
     program = torch.onnx.export(exported, (example,), dynamo=True, opset_version=opset,
-                                input_names=['inputs'], optimize=False, verbose=False)
+                                input_names=['inputs'],
+                                output_names=list(output_names) if output_names else None,
+                                optimize=False, verbose=False)
     optimize_program(program)
+    for key, value in (metadata or {}).items():
+        program.model.metadata_props[key] = value
     os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
     program.save(out)
-    return dict(path=out, ranges=ranges)
+    return dict(path=out, ranges=ranges, seconds=time.perf_counter() - start)
 
 
 def optimize_program(program) -> None:
@@ -214,6 +255,26 @@ def optimize_program(program) -> None:
         common.CommonSubexpressionEliminationPass(),
         common.RemoveUnusedNodesPass())(program.model)
     program.optimize()
+
+
+def onnx_operators(path: str) -> List[str]:
+    """The operators of the ONNX file ``path`` (``domain::Op`` outside the default
+    domain), sorted, subgraphs included."""
+    import onnx
+    model = onnx.load(path, load_external_data=False)
+    ops = set()
+
+    def walk(graph):
+        for node in graph.node:
+            ops.add(node.op_type if node.domain in ('', 'ai.onnx')
+                    else f'{node.domain}::{node.op_type}')
+            for attr in node.attribute:
+                if attr.g is not None and attr.g.node:
+                    walk(attr.g)
+    walk(model.graph)
+    for function in model.functions:
+        walk(function)
+    return sorted(ops)
 
 
 def default_verify_shapes(shape: Tuple[int, int]) -> List[Tuple[int, int]]:
@@ -282,12 +343,14 @@ def format_rows(rows: List[dict]) -> str:
 
 
 def build_export_module(cfg, codebase: str, backbone_only: bool, checkpoint=None,
-                        allow_unsafe: bool = False):
-    """The module to export: the backbone, or the segmentor in tensor mode."""
+                        allow_unsafe: bool = False, with_argmax: bool = False):
+    """The module to export and the model it comes from: the backbone, the segmentor in
+    tensor mode (its label map with ``with_argmax``), or a two-stage detector's whole
+    prediction path (:class:`~.detector.TwoStageDetectorGraph`)."""
     from ..analysis import build_model
-    if not backbone_only and codebase != 'mmseg':
-        raise ValueError(f'whole-model export is for mmseg segmentors (tensor mode); this is an '
-                         f'{codebase} config: add --backbone-only to export its backbone')
+    if with_argmax and (backbone_only or codebase != 'mmseg'):
+        raise ValueError('--with-argmax is for whole mmseg segmentors (not with --backbone-only '
+                         f'or an {codebase} config)')
     model = build_model(cfg)
     if checkpoint is not None:
         from mmengine.runner import load_checkpoint
@@ -295,6 +358,147 @@ def build_export_module(cfg, codebase: str, backbone_only: bool, checkpoint=None
         from ..weights import mmengine_checkpoint_loading
         with mmengine_checkpoint_loading(allow_unsafe):
             load_checkpoint(model, checkpoint, map_location='cpu')
+    model.eval()
     if backbone_only:
-        return model.backbone.eval()
-    return segmentor_tensor_mode(model).eval()
+        return model.backbone.eval(), model
+    if codebase == 'mmdet':
+        from .detector import detector_graph
+        return detector_graph(model).eval(), model
+    if with_argmax:
+        return segmentor_labels(model).eval(), model
+    return segmentor_tensor_mode(model).eval(), model
+
+
+def onnx_session(path: str):
+    """An onnxruntime CPU session of ``path``."""
+    import onnxruntime as ort
+    return ort.InferenceSession(path, providers=['CPUExecutionProvider'])
+
+
+def random_inputs(shapes: Sequence[Tuple[int, int]], seed: int = 0, in_channels: int = 3):
+    """One seeded normal [1, C, H, W] tensor per size (what normalised images look like)."""
+    import torch
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(1, in_channels, h, w, generator=gen) for h, w in shapes]
+
+
+def image_inputs(model, cfg, paths: Sequence[str]):
+    """The config's test pipeline and the model's data preprocessor applied to each image:
+    one normalised, padded [1, 3, H, W] tensor per file (what ``tools/test.py`` feeds)."""
+    import torch
+    from mmengine.dataset import Compose
+    from mmengine.registry import init_default_scope
+    init_default_scope(cfg.get('default_scope', 'mmdet'))
+    steps = [dict(step) for step in cfg.test_dataloader.dataset.pipeline
+             if 'Annotations' not in step['type']]
+    pipeline = Compose(steps)
+    out = []
+    with torch.no_grad():
+        for path in paths:
+            data = pipeline(dict(img_path=path, img_id=0))
+            batch = model.data_preprocessor(
+                dict(inputs=[data['inputs']], data_samples=[data['data_samples']]), False)
+            out.append(batch['inputs'])
+    return out
+
+
+def verify_detector(model, path: str, inputs, iou: float = 0.99,
+                    score_tol: float = 1e-3) -> List[dict]:
+    """onnxruntime on ``path`` against mmdet's ``predict(rescale=False)`` on each tensor of
+    ``inputs`` (seen as the image: no resize, no padding); one row per input with the
+    counts of :func:`~.detector.match_detections` and, with masks, the share of equal
+    mask pixels over the matched detections."""
+    import numpy as np
+
+    from .detector import match_detections, torch_detections
+    session = onnx_session(path)
+    names = [o.name for o in session.get_outputs()]
+    rows = []
+    for x in inputs:
+        ref = torch_detections(model, x)
+        got = dict(zip(names, session.run(None, {'inputs': x.numpy()})))
+        row = match_detections(ref, got, iou, score_tol)
+        row['hw'] = tuple(x.shape[2:])
+        pairs = row.pop('pairs')
+        if 'masks' in got and 'masks' in ref and pairs:
+            equal = [np.mean(ref['masks'][i] == got['masks'][j]) for i, j in pairs]
+            row['mask_equal'] = float(np.mean(equal))
+        rows.append(row)
+    return rows
+
+
+def verify_segmentor_labels(model, path: str, inputs) -> List[dict]:
+    """onnxruntime on ``path`` (``--with-argmax``: labels [B, H, W]) against mmseg's
+    ``predict`` on each tensor of ``inputs`` (seen as the image); one row per input with
+    the share of equal labels."""
+    import numpy as np
+    import torch
+    from mmseg.structures import SegDataSample
+    session = onnx_session(path)
+    rows = []
+    for x in inputs:
+        h, w = x.shape[2:]
+        sample = SegDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w),
+                                             pad_shape=(h, w), padding_size=[0, 0, 0, 0]))
+        with torch.no_grad():
+            ref = model.predict(x, [sample])[0].pred_sem_seg.data[0].numpy()
+        out = session.run(None, {'inputs': x.numpy()})[0]          # [1, H, W]
+        equal = float(np.mean(ref == out[0])) if (1,) + ref.shape == out.shape else None
+        rows.append(dict(hw=(h, w), shape=ref.shape, onnx_shape=out.shape, equal=equal))
+    return rows
+
+
+#: the key of the preprocessing record in the ONNX file's metadata_props
+METADATA_KEY = 'mmplugin_inline'
+
+
+def deployment_metadata(cfg, codebase: str, task: str, outputs: Sequence[str]) -> dict:
+    """What a runtime without mmdet / mmseg needs to feed the graph and read its outputs
+    (``tools/deployment/onnx_inference.py``), as ``{METADATA_KEY: JSON}``: the task and
+    output names, the data preprocessor's mean, std, BGR -> RGB swap, size divisor and pad
+    value, the test pipeline's ``Resize`` (scale, keep_ratio) and the class names.
+
+    Raises ValueError when the test pipeline resizes in a way this record cannot say.
+    """
+    import json
+    pre = cfg.model.get('data_preprocessor', {})
+    resize = None
+    for step in cfg.test_dataloader.dataset.pipeline:
+        kind = step['type'].split('.')[-1]
+        if kind == 'Resize':
+            scale = step.get('scale')
+            if scale is None or step.get('scale_factor') is not None:
+                raise ValueError(f'test pipeline Resize without a fixed scale: {step}')
+            resize = dict(scale=list(scale), keep_ratio=bool(step.get('keep_ratio', False)))
+        elif 'Resize' in kind or 'Crop' in kind or kind in ('Pad', 'MultiScaleFlipAug',
+                                                            'TestTimeAug'):
+            raise ValueError(f'the test pipeline step {kind} cannot be recorded for '
+                             'onnx_inference.py (supported: Resize with a fixed scale)')
+    if codebase == 'mmseg':  # SegDataPreProcessor pads test images only by its test_cfg
+        test_pad = pre.get('test_cfg') or {}
+        if test_pad.get('size'):
+            raise ValueError(f'data_preprocessor.test_cfg.size {test_pad["size"]} (padding '
+                             'to a fixed size) is not recorded')
+        divisor, pad_value = test_pad.get('size_divisor') or 1, pre.get('pad_val', 0)
+    else:
+        divisor, pad_value = pre.get('pad_size_divisor') or 1, pre.get('pad_value', 0)
+    record = dict(
+        task=task, outputs=list(outputs), codebase=codebase,
+        mean=[float(v) for v in pre.get('mean', [0, 0, 0])],
+        std=[float(v) for v in pre.get('std', [1, 1, 1])],
+        bgr_to_rgb=bool(pre.get('bgr_to_rgb', False)),
+        size_divisor=int(divisor), pad_value=float(pad_value),
+        resize=resize, classes=list(_class_names(cfg, codebase)))
+    return {METADATA_KEY: json.dumps(record)}
+
+
+def _class_names(cfg, codebase: str) -> Sequence[str]:
+    """The test dataset's class names (its metainfo, else its class's METAINFO)."""
+    import importlib
+    dataset = cfg.test_dataloader.dataset
+    meta = dataset.get('metainfo') or {}
+    if meta.get('classes'):
+        return meta['classes']
+    registry = importlib.import_module(f'{codebase}.registry').DATASETS
+    cls = registry.get(dataset['type'])
+    return getattr(cls, 'METAINFO', {}).get('classes', ()) if cls else ()

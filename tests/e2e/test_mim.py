@@ -50,13 +50,24 @@ def site(tmp_path_factory):
     return str(target)
 
 
-def mim(site, args, cwd, timeout=600):
-    """``python -m mim ARGS`` seeing the wheel install first on its path, offline."""
+def mim(site, args, cwd, timeout=600, python=PYTHON):
+    """``python -m mim ARGS`` seeing the wheel install first on its path (``site``; None:
+    nothing but the environment of ``python``), offline."""
     with refused_port() as port:
         dead = f'http://127.0.0.1:{port}'
-        env = dict(PYTHONPATH=site, http_proxy=dead, https_proxy=dead, HTTP_PROXY=dead,
+        env = dict(PYTHONPATH=site or '', http_proxy=dead, https_proxy=dead, HTTP_PROXY=dead,
                    HTTPS_PROXY=dead, no_proxy='', NO_PROXY='', PIP_NO_INDEX='1')
-        return run_tool([PYTHON, '-m', 'mim'] + args, cwd=str(cwd), env=env, timeout=timeout)
+        return run_tool([python, '-m', 'mim'] + args, cwd=str(cwd), env=env, timeout=timeout)
+
+
+def model_names():
+    """The names of every model of the model index (what ``mim search`` must list)."""
+    names = set()
+    with open(osp.join(REPO, 'model-index.yml')) as f:
+        for metafile in yaml.safe_load(f)['Import']:
+            with open(osp.join(REPO, metafile)) as g:
+                names |= {m['Name'] for m in yaml.safe_load(g)['Models']}
+    return names
 
 
 def test_the_wheel_carries_configs_tools_and_the_model_index(site):
@@ -75,12 +86,7 @@ def test_the_wheel_carries_configs_tools_and_the_model_index(site):
 def test_mim_search_lists_every_model_offline(site, tmp_path):
     rc, out, _ = mim(site, ['search', 'mmplugin_inline'], tmp_path)
     ok(rc, out)
-    names = set()
-    with open(osp.join(REPO, 'model-index.yml')) as f:
-        for metafile in yaml.safe_load(f)['Import']:
-            with open(osp.join(REPO, metafile)) as g:
-                names |= {m['Name'] for m in yaml.safe_load(g)['Models']}
-    assert set(re.findall(r'^config id: (\S+)$', out, re.M)) == names
+    assert set(re.findall(r'^config id: (\S+)$', out, re.M)) == model_names()
     assert 'https://cloud.tsinghua.edu.cn/f/90ac52b1555b401eb5e6/?dl=1' in out  # PVT-T weights
 
     rc, out, _ = mim(site, ['search', 'mmplugin_inline', '--model', 'inline-swin',
@@ -123,3 +129,24 @@ def test_editable_install_links_the_mim_extension(tmp_path):
     for item in setup.MIM_ITEMS:
         link = package / '.mim' / item
         assert osp.islink(link) and osp.samefile(link, osp.join(REPO, item)), item
+
+
+def test_mim_search_in_the_environment_make_setup_builds(tmp_path):
+    """``mim search`` in the repository's .venv/ (``make setup``: an editable install) with
+    nothing on PYTHONPATH, from another folder. mim reads ``<dist-info location>/
+    mmplugin_inline/.mim/model-index.yml``; the editable install keeps its dist-info in
+    site-packages, where scripts/setup_env.sh links ``.mim`` (before, mim reported the
+    model index missing)."""
+    python = osp.join(REPO, '.venv', 'bin', 'python')
+    if not osp.isfile(python):
+        pytest.skip('no .venv/ in the repository (make setup makes it)')
+    rc, origin, _ = run_tool([python, '-c', 'import importlib.util as u; '
+                              'print(u.find_spec("mmplugin_inline").origin)'],
+                             cwd=str(tmp_path), env=dict(PYTHONPATH=''))
+    ok(rc, origin)
+    origin = origin.strip().splitlines()[-1]
+    if not osp.samefile(osp.dirname(origin), osp.join(REPO, 'mmplugin_inline')):
+        pytest.skip(f'.venv/ holds the package of another checkout ({origin})')
+    rc, out, _ = mim(None, ['search', 'mmplugin_inline'], tmp_path, python=python)
+    ok(rc, out)
+    assert set(re.findall(r'^config id: (\S+)$', out, re.M)) == model_names()

@@ -1,4 +1,4 @@
-"""Export an InLine backbone, or a whole mmseg segmentor in tensor mode, to ONNX, and
+"""Export an InLine backbone, a whole mmseg segmentor or a whole mmdet detector to ONNX, and
 verify the file with onnxruntime; see ``mmplugin_inline/cli/pytorch2onnx.py`` for the
 options and ``mmplugin_inline/deployment/onnx.py`` for how."""
 from mmplugin_inline.cli.pytorch2onnx import main
