@@ -19,7 +19,8 @@ from .measure import (InterleavedTimes, extrapolate, huge_pages_in_use, interlea
 __all__ = [
     'DEFAULT_SHAPES', 'build_model', 'dummy_data_batch', 'dummy_train_batch', 'parse_shape',
     'preprocess_dummy',
-    'EXTRA_FLOP_HANDLES', 'FLOP_HANDLES', 'InLineFlopAnalyzer', 'UNCOUNTED_ELEMENTWISE_OPS', 'UNCOUNTED_OPS', 'UNCOUNTED_SAMPLING_OPS',
+    'EXTRA_FLOP_HANDLES', 'FLOP_HANDLES', 'InLineFlopAnalyzer', 'UNCOUNTED_ELEMENTWISE_OPS',
+    'UNCOUNTED_OPS', 'UNCOUNTED_SAMPLING_OPS',
     'ZERO_COST_OPS', 'baddbmm_flop_jit',
     'count_module', 'flop_analyzer', 'format_count', 'module_table', 'sdpa_flop_jit',
     'unknown_ops', 'InterleavedTimes', 'extrapolate', 'huge_pages_in_use', 'interleaved_times',
