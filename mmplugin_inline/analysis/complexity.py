@@ -1,8 +1,8 @@
 """Parameter and FLOP counts with mmengine's jit analysis, extended for attention.
 
 mmengine's :class:`~mmengine.analysis.FlopAnalyzer` traces the model and counts the
-ops it has handlers for. :data:`FLOP_HANDLES` is the whole table this module counts
-with: mmengine's default handlers (its public functions in
+ops it has handlers for. :data:`FLOP_HANDLES` is the table this module counts with:
+mmengine's default handlers (its public functions in
 ``mmengine.analysis.jit_handles``) and three it lacks:
 
 - ``aten::scaled_dot_product_attention`` (softmax blocks): two matmuls,
@@ -134,9 +134,10 @@ EXTRA_FLOP_HANDLES = {
 }
 
 
-#: The whole table of FLOP handlers: mmengine's defaults (the same ops and weights as
-#: ``FlopAnalyzer``'s own table, written with its public handler functions) and
-#: :data:`EXTRA_FLOP_HANDLES`. Bilinear resizing and ``grid_sampler`` read 4 inputs per
+#: The FLOP handlers, set over ``FlopAnalyzer``'s own and used inside autograd Functions:
+#: mmengine's defaults (the same ops and weights as its table, written with its public
+#: handler functions; tests/analysis/test_flop_handles.py checks that they count alike)
+#: and :data:`EXTRA_FLOP_HANDLES`. Bilinear resizing and ``grid_sampler`` read 4 inputs per
 #: output, nearest 1; an adaptive average pool reads each input once.
 FLOP_HANDLES: Dict[str, Handle] = {
     'aten::addmm': addmm_flop_jit,
@@ -184,10 +185,11 @@ class InLineFlopAnalyzer(FlopAnalyzer):
     """mmengine's :class:`FlopAnalyzer` counting with :data:`FLOP_HANDLES`, autograd
     Functions counted from the forward ops traced inside them.
 
-    The analyzer's table is replaced, through the public ``clear_op_handles`` /
-    ``set_op_handle``, by :data:`FLOP_HANDLES` and one handle per autograd Function class
-    defined when the analyzer is made (``prim::PythonOp.<Name>``), except those in
-    :data:`UNCOUNTED_OPS` (mmcv's NMS and RoIAlign), which stay reported as not counted.
+    :data:`FLOP_HANDLES` and one handle per autograd Function class defined when the
+    analyzer is made (``prim::PythonOp.<Name>``) are set through the public
+    ``set_op_handle``, over mmengine's defaults (the same handlers for the same ops);
+    Functions in :data:`UNCOUNTED_OPS` (mmcv's NMS and RoIAlign) get none and stay
+    reported as not counted.
     A Function's handle runs the same table over the forward subgraph the tracer records
     in its node (``Subgraph``), so a kernel written as a Function (InLine's, with its
     hand-written backward) is counted by its real matmuls instead of being skipped; a
@@ -216,7 +218,6 @@ class InLineFlopAnalyzer(FlopAnalyzer):
             kind = f'{PYTHON_OP}.{cls.__name__}'
             if kind not in UNCOUNTED_OPS and kind not in self.flop_handles:
                 self.flop_handles[kind] = self.count_autograd_function
-        self.clear_op_handles()
         self.set_op_handle(**self.flop_handles)
 
     def count_autograd_function(self, inputs: List[Any],
