@@ -8,9 +8,10 @@ Imports mmengine (and mmdet / mmseg lazily), unlike ``core``.
 """
 from .model_and_batch import (DEFAULT_SHAPES, build_model, dummy_data_batch, dummy_train_batch,
                        parse_shape, preprocess_dummy)
-from .complexity import (EXTRA_FLOP_HANDLES, UNCOUNTED_ELEMENTWISE_OPS, UNCOUNTED_OPS,
-                         UNCOUNTED_SAMPLING_OPS, ZERO_COST_OPS, baddbmm_flop_jit, count_module,
-                         flop_analyzer, format_count, module_table, sdpa_flop_jit, unknown_ops)
+from .complexity import (EXTRA_FLOP_HANDLES, FLOP_HANDLES, UNCOUNTED_ELEMENTWISE_OPS,
+                         UNCOUNTED_OPS, UNCOUNTED_SAMPLING_OPS, ZERO_COST_OPS, InLineFlopAnalyzer,
+                         baddbmm_flop_jit, count_module, flop_analyzer, format_count,
+                         module_table, sdpa_flop_jit, unknown_ops)
 from .measure import (InterleavedTimes, extrapolate, huge_pages_in_use, interleaved_times,
                       keep_freed_memory, load_average, minor_page_faults, peak_extra_memory,
                       tensor_bytes, time_calls)
@@ -18,7 +19,8 @@ from .measure import (InterleavedTimes, extrapolate, huge_pages_in_use, interlea
 __all__ = [
     'DEFAULT_SHAPES', 'build_model', 'dummy_data_batch', 'dummy_train_batch', 'parse_shape',
     'preprocess_dummy',
-    'EXTRA_FLOP_HANDLES', 'UNCOUNTED_ELEMENTWISE_OPS', 'UNCOUNTED_OPS', 'UNCOUNTED_SAMPLING_OPS',
+    'EXTRA_FLOP_HANDLES', 'FLOP_HANDLES', 'InLineFlopAnalyzer', 'UNCOUNTED_ELEMENTWISE_OPS',
+    'UNCOUNTED_OPS', 'UNCOUNTED_SAMPLING_OPS',
     'ZERO_COST_OPS', 'baddbmm_flop_jit',
     'count_module', 'flop_analyzer', 'format_count', 'module_table', 'sdpa_flop_jit',
     'unknown_ops', 'InterleavedTimes', 'extrapolate', 'huge_pages_in_use', 'interleaved_times',

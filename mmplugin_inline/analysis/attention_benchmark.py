@@ -4,9 +4,11 @@ and the linearity pairs (time at 4x the tokens over time at 1x). The tool is
 ``tools/analysis_tools/benchmark_attention.py`` (:mod:`mmplugin_inline.cli.benchmark_attention`,
 whose docstring says how it measures).
 """
+import dataclasses
 import json
 import os
 import statistics
+from typing import List, Optional
 
 import torch
 
@@ -24,6 +26,40 @@ IMPLS = {
     'softmax (naive)': softmax_attention_reference,
 }
 DEFAULT_MAPS = ['56x56', '64x64', '96x96', '128x128', '200x336', '256x256']
+
+
+@dataclasses.dataclass
+class AttentionBenchmarkOptions:
+    """What :func:`run_benchmark` measures, and how (the options of
+    ``tools/analysis_tools/benchmark_attention.py``, which takes its defaults from here).
+
+    Args:
+        maps (list[str]): ``'HxW'`` token maps.
+        dims (list[int]): head widths d.
+        heads (list[int]): head counts.
+        batch (int): batch size.
+        repeats (int): interleaved timed rounds per case (the linearity pairs: twice).
+        softmax_limit_gb (float): skip naive softmax where its N x N tensors exceed this.
+        softmax_max_tokens (int): skip softmax (quadratic time) above this many tokens.
+        device (str): where to run; CUDA where available, else the CPU.
+        out_dir (str): where ``benchmark_attention.{json,png,md}`` go.
+        threads (int, optional): torch CPU threads; None keeps torch's choice.
+        allocator (str): CPU: ``'keep'`` freed memory mapped
+            (:func:`~mmplugin_inline.analysis.measure.keep_freed_memory`) or glibc's
+            ``'default'`` behaviour.
+    """
+    maps: List[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_MAPS))
+    dims: List[int] = dataclasses.field(default_factory=lambda: [32, 64])
+    heads: List[int] = dataclasses.field(default_factory=lambda: [1, 2, 4])
+    batch: int = 1
+    repeats: int = 5
+    softmax_limit_gb: float = 4.0
+    softmax_max_tokens: int = 128 * 128
+    device: str = dataclasses.field(
+        default_factory=lambda: 'cuda' if torch.cuda.is_available() else 'cpu')
+    out_dir: str = 'work_dirs/benchmark_attention'
+    threads: Optional[int] = None
+    allocator: str = 'keep'
 
 
 def fits(name, n, heads, batch, limit_gb, softmax_max_tokens):
@@ -124,10 +160,11 @@ def linearity_pairs(maps):
     return [(a, b) for a in maps for b in maps if tokens(b) == 4 * tokens(a)]
 
 
-def runnable(n, heads, args):
+def runnable(n, heads, options: AttentionBenchmarkOptions):
     """The implementations to time on ``n`` tokens (see :func:`fits`)."""
     return {k: v for k, v in IMPLS.items()
-            if fits(k, n, heads, args.batch, args.softmax_limit_gb, args.softmax_max_tokens)}
+            if fits(k, n, heads, options.batch, options.softmax_limit_gb,
+                    options.softmax_max_tokens)}
 
 
 def per_mode(measure):
@@ -170,60 +207,57 @@ def linearity_table(rows):
     return '\n'.join(lines)
 
 
-def run_benchmark(args):
-    """The grid and the linearity pairs of ``args`` (the options of
-    ``tools/analysis_tools/benchmark_attention.py``); writes ``benchmark_attention.json``,
-    ``.png`` and ``.md`` under ``args.out_dir``, prints the tables, returns the grid rows."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def run_benchmark(options: AttentionBenchmarkOptions) -> list:
+    """The grid and the linearity pairs of ``options``; writes ``benchmark_attention.json``,
+    ``.png`` and ``.md`` under ``options.out_dir``, prints the tables, returns the grid rows."""
+    if options.threads:
+        torch.set_num_threads(options.threads)
     allocator = 'default'
-    if args.allocator == 'keep' and keep_freed_memory():
+    if options.allocator == 'keep' and keep_freed_memory():
         allocator = 'keep (mallopt)'
-    elif args.allocator == 'keep':
+    elif options.allocator == 'keep':
         print('note: could not tune the allocator (not glibc); measuring with its defaults')
-    device = torch.device(args.device)
+    device = torch.device(options.device)
     huge_pages = device.type == 'cpu' and huge_pages_in_use()
     if device.type == 'cpu' and not huge_pages:
         print('note: 4 KiB pages (set THP_MEM_ALLOC_ENABLE=1 before starting for 2 MiB '
               'pages; large maps pay more TLB misses without them)')
-    if args.quick:
-        args.maps, args.dims, args.heads, args.repeats = ['16x16', '32x32'], [8], [2], 1
-    os.makedirs(args.out_dir, exist_ok=True)
+    os.makedirs(options.out_dir, exist_ok=True)
     results = []
-    for d in args.dims:
-        for heads in args.heads:
-            for m in args.maps:
+    for d in options.dims:
+        for heads in options.heads:
+            for m in options.maps:
                 hw, n = parse_size(m), tokens(m)
-                impls = runnable(n, heads, args)
-                row = dict(map=m, n=n, d=d, heads=heads, batch=args.batch)
+                impls = runnable(n, heads, options)
+                row = dict(map=m, n=n, d=d, heads=heads, batch=options.batch)
                 row.update(per_mode(lambda backward: bench_case(
-                    impls, args.batch, heads, hw, d, device, args.repeats, backward)))
+                    impls, options.batch, heads, hw, d, device, options.repeats, backward)))
                 results.append(row)
                 print(f"{m:>8} d={d} heads={heads}: " + ', '.join(
                     f"{k} {v['time_ms']:.1f}ms" for k, v in row['forward+backward'].items()),
                     flush=True)
     linearity = []
-    for d in args.dims:
-        for heads in args.heads:
-            for small, large in linearity_pairs(args.maps):
-                impls = runnable(tokens(large), heads, args)  # what fits the larger map
+    for d in options.dims:
+        for heads in options.heads:
+            for small, large in linearity_pairs(options.maps):
+                impls = runnable(tokens(large), heads, options)  # what fits the larger map
                 row = dict(small=small, large=large, d=d, heads=heads)
                 row.update(per_mode(lambda backward: linearity_case(
-                    impls, args.batch, heads, parse_size(small), parse_size(large), d, device,
-                    2 * args.repeats, backward)))
+                    impls, options.batch, heads, parse_size(small), parse_size(large), d, device,
+                    2 * options.repeats, backward)))
                 linearity.append(row)
     meta = dict(device=str(device), torch=torch.__version__, threads=torch.get_num_threads(),
-                allocator=allocator, huge_pages=huge_pages, repeats=args.repeats)
-    with open(os.path.join(args.out_dir, 'benchmark_attention.json'), 'w') as f:
+                allocator=allocator, huge_pages=huge_pages, repeats=options.repeats)
+    with open(os.path.join(options.out_dir, 'benchmark_attention.json'), 'w') as f:
         json.dump(dict(meta=meta, results=results, linearity=linearity), f, indent=1)
-    plot(results, os.path.join(args.out_dir, 'benchmark_attention.png'))
+    plot(results, os.path.join(options.out_dir, 'benchmark_attention.png'))
     table = ratio_table(results)
     linear = linearity_table(linearity)
-    with open(os.path.join(args.out_dir, 'benchmark_attention.md'), 'w') as f:
+    with open(os.path.join(options.out_dir, 'benchmark_attention.md'), 'w') as f:
         f.write(table + '\n\n' + linear + '\n')
     print(table)
     if len(linear.splitlines()) > 2:
         print(linear)
-    print(f"written: {args.out_dir}/benchmark_attention.{{json,png,md}}")
+    print(f"written: {options.out_dir}/benchmark_attention.{{json,png,md}}")
     return results
 

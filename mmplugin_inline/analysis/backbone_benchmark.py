@@ -5,24 +5,74 @@ step; with_cp variants, the reference paths and the Swin window sweep. The tool 
 whose docstring says what is measured); the tables and plots are
 :mod:`mmplugin_inline.analysis.backbone_report`'s.
 """
+import dataclasses
 import json
 import os
 import platform
 import statistics
+from typing import List, Optional, Tuple
 
 import torch
 
 from mmplugin_inline.core.matmul_backend import cpu_linear_backend, linear
 
-from .backbone_report import OURS, fmt, markdown, plot
+from .backbone_report import MODES, OURS, fmt, markdown, plot
 from .measure import (extrapolate, interleaved_times, keep_freed_memory, load_average,
-                      over_budget, peak_extra_memory)
+                      over_budget, parse_size, peak_extra_memory)
 
 FAMILIES = ('pvt', 'swin', 'cswin', 'deit')
 DEFAULT_SIZES = ('224x224', '512x512', '800x1344', '1024x2048')
 CP_VALUES = {'none': False, 'full': True, 'mlp': 'mlp', 'attn': 'attn'}
 PEERS = {'pvt': 'PVT-T (mmdet)', 'swin': 'Swin-T w7 (mmdet)', 'cswin': 'CSWin-T softmax',
          'deit': 'DeiT-T (timm)'}
+
+
+@dataclasses.dataclass
+class BackboneRaceOptions:
+    """What :func:`run_benchmark` races, and how (the options of
+    ``tools/analysis_tools/benchmark_backbones.py``, which takes its defaults from here).
+
+    Args:
+        families (list[str]): families of :data:`FAMILIES` to race, each against its peer
+            (none: only the window sweep).
+        sizes (list[tuple[int, int]]): (H, W) inputs of the resolution sweep.
+        modes (list[str]): ``'infer'`` (no grad) and / or ``'train'`` (forward, a loss over
+            all outputs, backward).
+        with_cp (list[str]): keys of :data:`CP_VALUES`: our backbones also raced with those
+            ``with_cp`` settings in the training steps.
+        reference_paths (bool): also race our backbones on the reference paths
+            (``mmplugin_inline.core.reference_paths``), same weights, same rounds.
+        windows (list[int]): window sizes of the Swin window sweep (none: no sweep).
+        window_size_input (tuple[int, int]): (H, W) input of the window sweep.
+        repeats (int): interleaved timed rounds per case.
+        device (str): where to run.
+        threads (int, optional): CPU threads for torch; None keeps torch's setting.
+        gemm_size (int): side of the fp32 matrix product timed as the hardware's rate.
+        max_call_s (float): skip a model at sizes where its calls are predicted longer.
+        max_memory_gb (float): skip a model at sizes where its peak is predicted larger.
+        no_memory (bool): skip peak memory.
+        no_flops (bool): skip FLOP counts.
+        no_plots (bool): write no plots.
+        out_dir (str): where ``results.json``, ``results.md`` and the plots go.
+    """
+    families: List[str] = dataclasses.field(default_factory=lambda: list(FAMILIES))
+    sizes: List[Tuple[int, int]] = dataclasses.field(
+        default_factory=lambda: [parse_size(s) for s in DEFAULT_SIZES])
+    modes: List[str] = dataclasses.field(default_factory=lambda: list(MODES))
+    with_cp: List[str] = dataclasses.field(default_factory=list)
+    reference_paths: bool = False
+    windows: List[int] = dataclasses.field(default_factory=list)
+    window_size_input: Tuple[int, int] = (224, 224)
+    repeats: int = 5
+    device: str = 'cpu'
+    threads: Optional[int] = None
+    gemm_size: int = 2048
+    max_call_s: float = 60.0
+    max_memory_gb: float = 16.0
+    no_memory: bool = False
+    no_flops: bool = False
+    no_plots: bool = False
+    out_dir: str = 'work_dirs/benchmark_backbones'
 
 
 class Tokens(torch.nn.Module):
@@ -145,9 +195,9 @@ def predicted_over(history, pixels, max_s, max_mb):
     return over_budget(seconds, max_s, peak_mb, max_mb)
 
 
-def race(models, hw, mode, args, gemm, history, flops_cache, tag):
+def race(models, hw, mode, options: BackboneRaceOptions, gemm, history, flops_cache, tag):
     """Measure ``models`` ({name: (model, meta)}) at one size and mode, interleaved."""
-    device, pixels = args.device, hw[0] * hw[1]
+    device, pixels = options.device, hw[0] * hw[1]
     x = torch.randn(1, 3, *hw, device=device)
     rows, calls = {}, {}
     for name, (model, meta) in models.items():
@@ -155,28 +205,28 @@ def race(models, hw, mode, args, gemm, history, flops_cache, tag):
                    case=tag, time_ms=None, peak_mb=None, gflops=None)
         rows[name] = row
         reason = predicted_over(history.setdefault((tag, name, mode), []), pixels,
-                                args.max_call_s, args.max_memory_gb * 1024)
+                                options.max_call_s, options.max_memory_gb * 1024)
         if reason:
             row['note'] = reason
             continue
-        if not args.no_flops:
+        if not options.no_flops:
             key = (name, hw)
             if key not in flops_cache:
                 flops_cache[key] = forward_flops(model, x)
             row['gflops'] = flops_cache[key] / 1e9 * (3 if mode == 'train' else 1)
         model.train(mode == 'train')
         calls[name] = make_call(model, x, mode, meta.get('reference_paths', False))
-    timed = interleaved_times(calls, args.repeats, device, reference=gemm,
-                              max_warmup_s=args.max_call_s)
+    timed = interleaved_times(calls, options.repeats, device, reference=gemm,
+                              max_warmup_s=options.max_call_s)
     for name in timed.over_cap:
         rows[name]['note'] = 'one timed call (the warm-up exceeded --max-call-s)'
     times, gemm_times = timed.times, timed.reference
-    gemm_rate = args.gemm_size ** 3 / statistics.median(gemm_times) / 1e9 if gemm_times else None
+    gemm_rate = options.gemm_size ** 3 / statistics.median(gemm_times) / 1e9 if gemm_times else None
     for name, ts in times.items():
         row = rows[name]
         row['times_ms'] = [1e3 * t for t in ts]
         row['time_ms'] = 1e3 * statistics.median(ts)
-        if not args.no_memory:
+        if not options.no_memory:
             model, meta = models[name]
             row['peak_mb'] = peak_extra_memory(
                 make_call(model, x, mode, meta.get('reference_paths', False)), device) / 2 ** 20
@@ -189,37 +239,34 @@ def race(models, hw, mode, args, gemm, history, flops_cache, tag):
     return list(rows.values())
 
 
-def run_benchmark(args):
-    """The races of ``args`` (the options of ``tools/analysis_tools/benchmark_backbones.py``);
-    writes ``results.json``, ``results.md`` and the plots under ``args.out_dir``, prints the
-    table; returns ``env``, ``results`` and ``plots``."""
-    if torch.device(args.device).type == 'cuda' and not torch.cuda.is_available():
-        raise SystemExit(f'--device {args.device} asked for, but CUDA is not available here')
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if torch.device(args.device).type == 'cpu':
+def run_benchmark(options: BackboneRaceOptions) -> dict:
+    """The races of ``options``: writes ``results.json``, ``results.md`` and the plots under
+    ``options.out_dir``, prints the table; returns ``env``, ``results`` and ``plots``."""
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    if torch.device(options.device).type == 'cpu':
         keep_freed_memory()
-    os.makedirs(args.out_dir, exist_ok=True)
-    env = dict(device=str(args.device), threads=torch.get_num_threads(),
+    os.makedirs(options.out_dir, exist_ok=True)
+    env = dict(device=str(options.device), threads=torch.get_num_threads(),
                torch=torch.__version__, machine=platform.processor() or platform.machine(),
-               repeats=args.repeats, gemm_size=args.gemm_size, load_start=load_average(),
-               gemm_library=(cpu_linear_backend() if torch.device(args.device).type == 'cpu'
+               repeats=options.repeats, gemm_size=options.gemm_size, load_start=load_average(),
+               gemm_library=(cpu_linear_backend() if torch.device(options.device).type == 'cpu'
                              else 'cuBLAS'))
-    gemm = gemm_call(args.gemm_size, args.device)
+    gemm = gemm_call(options.gemm_size, options.device)
     results, history, flops_cache = [], {}, {}
 
     def save_partial():  # a long run interrupted keeps what it measured
-        with open(os.path.join(args.out_dir, 'results.json'), 'w') as f:
+        with open(os.path.join(options.out_dir, 'results.json'), 'w') as f:
             json.dump(dict(env=env, partial=True, results=results), f, indent=1, default=str)
-    cp_modes = [m for m in args.with_cp if m != 'none'] if 'train' in args.modes else []
-    for family in args.families:
+    cp_modes = [m for m in options.with_cp if m != 'none'] if 'train' in options.modes else []
+    for family in options.families:
         base = {OURS[family]: (build_ours(family), dict(family=family, role='ours')),
                 PEERS[family]: (build_peer(family), dict(family=family, role='peer'))}
         variants = {}
-        if args.reference_paths:
+        if options.reference_paths:
             base[f'{OURS[family]} (reference paths)'] = (
                 base[OURS[family]][0], dict(family=family, role='ours', reference_paths=True))
-        if args.with_cp:
+        if options.with_cp:
             base[OURS[family]][1]['with_cp'] = 'none'
             variants = {f'{OURS[family]} with_cp={m}': (
                 build_ours(family, with_cp=CP_VALUES[m]),
@@ -227,26 +274,26 @@ def run_benchmark(args):
             for model, _ in variants.values():
                 model.load_state_dict(base[OURS[family]][0].state_dict())
         for model, _ in list(base.values()) + list(variants.values()):
-            model.to(args.device)
-        for hw in args.sizes:
-            for mode in args.modes:
+            model.to(options.device)
+        for hw in options.sizes:
+            for mode in options.modes:
                 models = dict(base, **(variants if mode == 'train' else {}))
-                rows = race(models, hw, mode, args, gemm, history, flops_cache, 'sizes')
+                rows = race(models, hw, mode, options, gemm, history, flops_cache, 'sizes')
                 results += rows
                 save_partial()
                 for r in rows:
                     print(f"{r['model']:32s} {r['size']:>10s} {mode:5s} "
                           f"{fmt(r['time_ms'], '10.1f')} ms  {fmt(r['peak_mb'], '8.0f')} MiB  "
                           f"{r.get('note', '')}", flush=True)
-    for window in args.windows:
-        models = {name: (model.to(args.device),
+    for window in options.windows:
+        models = {name: (model.to(options.device),
                          dict(family='swin', window=window,
                               attention='inline' if name.startswith('InLine') else 'softmax',
                               role='ours' if name.startswith('InLine') else 'peer'))
-                  for name, model in window_models(window, args.window_size_input).items()}
-        for mode in args.modes:
-            rows = race(models, args.window_size_input, mode, args, gemm, history, flops_cache,
-                        'windows')
+                  for name, model in window_models(window, options.window_size_input).items()}
+        for mode in options.modes:
+            rows = race(models, options.window_size_input, mode, options, gemm, history,
+                        flops_cache, 'windows')
             results += rows
             save_partial()
             for r in rows:
@@ -256,13 +303,13 @@ def run_benchmark(args):
     rates = [r['gemm_gflop_per_s'] for r in results if r.get('gemm_gflop_per_s')]
     env['gemm_gflop_per_s'] = statistics.median(rates) if rates else None
     table = markdown(results, env)
-    with open(os.path.join(args.out_dir, 'results.json'), 'w') as f:
-        json.dump(dict(env=env, args={k: v for k, v in vars(args).items()},
+    with open(os.path.join(options.out_dir, 'results.json'), 'w') as f:
+        json.dump(dict(env=env, args=dataclasses.asdict(options),
                        results=results), f, indent=1, default=str)
-    with open(os.path.join(args.out_dir, 'results.md'), 'w') as f:
+    with open(os.path.join(options.out_dir, 'results.md'), 'w') as f:
         f.write(table)
-    plots = [] if args.no_plots else plot(results, args.out_dir)
+    plots = [] if options.no_plots else plot(results, options.out_dir)
     print(table)
-    print('wrote', ', '.join([os.path.join(args.out_dir, n) for n in ('results.json',
+    print('wrote', ', '.join([os.path.join(options.out_dir, n) for n in ('results.json',
                                                                        'results.md')] + plots))
     return dict(env=env, results=results, plots=plots)

@@ -1,22 +1,25 @@
 """Parameter and FLOP counts with mmengine's jit analysis, extended for attention.
 
 mmengine's :class:`~mmengine.analysis.FlopAnalyzer` traces the model and counts the
-ops it has handlers for. Two ops that attention layers use have none:
+ops it has handlers for. :data:`FLOP_HANDLES` is the table this module counts with:
+mmengine's default handlers (its public functions in
+``mmengine.analysis.jit_handles``) and three it lacks:
 
 - ``aten::scaled_dot_product_attention`` (softmax blocks): two matmuls,
   ``Q K^T`` and ``P V``, i.e. ``L * S * (d + dv)`` per head for L queries and S keys;
 - ``aten::baddbmm(input, b1 [G, n, m], b2 [G, m, p])``: ``G * n * m * p`` (the added
-  ``input`` is not counted). The InLine kernel uses it for the rank-one centring of
-  its d x d matrix, ``M = (s / N) (phi(K)^T V - N mean(phi(K))^T mean(V))``: ``G * d * dv``.
+  ``input`` is not counted). The local residual's kernel predictor uses it for its
+  grouped 1x1 convolutions with a bias, run as one batched product over the groups;
+- ``aten::upsample_bicubic2d`` (DeiT's position embedding resized to another grid).
 
-An autograd Function (``prim::PythonOp``, e.g. a kernel with a hand-written backward)
-is counted from the forward ops the tracer records inside it. Everything else the
-InLine kernel and its local residual use is already counted correctly by mmengine:
-``phi(K)^T V`` (``aten::matmul``), the output ``Q @ M`` (``aten::bmm``,
-``G * N * d * dv``; ``mean(V)`` is then added in place, ``aten::add_``, element-wise),
-the grouped 1x1 ``Conv1d`` of the kernel predictor and the per-sample depthwise
-``conv2d`` with ``groups = B * C`` (both ``aten::_convolution``: weight
-``[out, in / groups, k]`` makes the count ``out * in / groups * k * outputs``).
+An autograd Function (``prim::PythonOp.<Name>``, e.g. the InLine kernel with its
+hand-written backward) gets a handle of its own that counts the forward ops the tracer
+records inside it with the same table. The InLine kernel's ops are all in that table:
+the centred ``(phi(K) - mean)^T (V - mean(V))`` and the output ``Q @ M`` are
+``aten::bmm`` (``G * N * d * dv`` each); the centring, the scaling and the added
+``mean(V)`` are element-wise. The local residual's per-sample depthwise ``conv2d``
+(``groups = B * C``) is ``aten::_convolution``: weight ``[out, in / groups, k]`` makes
+the count ``out * in / groups * k * outputs``.
 
 Convention (mmengine's and fvcore's, and the one of the InLine / Swin / PVT papers'
 tables): one fused multiply-add counts as one FLOP, so the figures are multiply-
@@ -28,12 +31,15 @@ unknown, which the tools print as a warning.
 import typing
 from collections import Counter
 from math import prod
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
 from mmengine.analysis import FlopAnalyzer, parameter_count
-from mmengine.analysis.jit_handles import elementwise_flop_counter, get_shape
+from mmengine.analysis.jit_handles import (Handle, addmm_flop_jit, batchnorm_flop_jit,
+                                           bmm_flop_jit, conv_flop_jit, einsum_flop_jit,
+                                           elementwise_flop_counter, get_shape,
+                                           linear_flop_jit, matmul_flop_jit, norm_flop_counter)
 
 #: ``aten`` ops the SDPA handler serves; the private variants are what some
 #: backends record, with q, k, v as their first three inputs as well.
@@ -56,6 +62,10 @@ UNCOUNTED_ELEMENTWISE_OPS = frozenset({
     'aten::logical_and', 'aten::logical_or', 'aten::__or__', 'aten::__xor__',
     'aten::bitwise_or', 'aten::bitwise_and', 'aten::argmax', 'aten::topk', 'aten::sort',
     'aten::min', 'aten::minimum', 'aten::maximum',
+    # also skipped by mmengine's analyzer at the top level of the trace
+    'aten::relu', 'aten::relu_', 'aten::clamp', 'aten::clamp_', 'aten::max', 'aten::eq',
+    'aten::ge', 'aten::gt', 'aten::__and__', 'aten::bitwise_not', 'aten::floor',
+    'aten::floor_divide', 'aten::remainder', 'aten::masked_fill',
 })
 
 #: Non-matmul ops of detection heads that mmdet's own get_flops leaves uncounted as well:
@@ -65,8 +75,11 @@ UNCOUNTED_SAMPLING_OPS = frozenset({
     'torchvision::roi_align', 'aten::grid_sampler_2d',
 })
 
-#: Bookkeeping ops (copies, layout, indexing, constants, dropout in eval) that mmengine
-#: does not already ignore.
+#: Bookkeeping ops: copies, layout, indexing, constants, integer arithmetic on sizes,
+#: dropout in eval. Inside an autograd Function they do not count as traced arithmetic
+#: (a body of nothing else is opaque). mmengine's analyzer skips most of them itself at
+#: the top level of the trace; this list is kept here in full so that the count inside a
+#: Function does not depend on mmengine's private one.
 ZERO_COST_OPS = frozenset({
     'aten::lift_fresh', 'aten::lift', 'aten::resolve_conj', 'aten::resolve_neg', 'aten::alias',
     'aten::detach_', 'aten::as_strided', 'aten::expand', 'aten::expand_as', 'aten::view',
@@ -75,6 +88,16 @@ ZERO_COST_OPS = frozenset({
     'aten::new_ones', 'aten::ones_like', 'aten::linspace', 'aten::meshgrid',
     'aten::feature_dropout', 'aten::dropout_', 'aten::alpha_dropout',
     'aten::feature_alpha_dropout',
+    # also skipped by mmengine's analyzer at the top level of the trace
+    'aten::Int', 'aten::ScalarImplicit', 'aten::size', 'aten::arange', 'aten::cat',
+    'aten::stack', 'aten::chunk', 'aten::split', 'aten::split_with_sizes', 'aten::unbind',
+    'aten::narrow', 'aten::select', 'aten::slice', 'aten::index', 'aten::index_put_',
+    'aten::gather', 'aten::nonzero', 'aten::roll', 'aten::constant_pad_nd',
+    'aten::contiguous', 'aten::copy_', 'aten::detach', 'aten::dropout', 'aten::to',
+    'aten::type_as', 'aten::flatten', 'aten::permute', 'aten::transpose', 'aten::t',
+    'aten::squeeze', 'aten::unsqueeze', 'aten::unsqueeze_', 'aten::empty', 'aten::new_empty',
+    'aten::new_full', 'aten::new_zeros', 'aten::full', 'aten::full_like', 'aten::ones',
+    'aten::zeros', 'aten::zeros_like',
 })
 
 #: Every op left out of the count on purpose.
@@ -111,79 +134,130 @@ EXTRA_FLOP_HANDLES = {
 }
 
 
-class _HandleTable(dict):
-    """mmengine's op-kind -> handle table, plus autograd Functions counted from inside.
+#: The FLOP handlers, set over ``FlopAnalyzer``'s own and used inside autograd Functions:
+#: mmengine's defaults (the same ops and weights as its table, written with its public
+#: handler functions; tests/analysis/test_flop_handles.py checks that they count alike)
+#: and :data:`EXTRA_FLOP_HANDLES`. Bilinear resizing and ``grid_sampler`` read 4 inputs per
+#: output, nearest 1; an adaptive average pool reads each input once.
+FLOP_HANDLES: Dict[str, Handle] = {
+    'aten::addmm': addmm_flop_jit,
+    'aten::bmm': bmm_flop_jit,
+    'aten::_convolution': conv_flop_jit,
+    'aten::einsum': einsum_flop_jit,
+    'aten::matmul': matmul_flop_jit,
+    'aten::mm': matmul_flop_jit,
+    'aten::linear': linear_flop_jit,
+    'aten::batch_norm': batchnorm_flop_jit,
+    'aten::group_norm': norm_flop_counter(2),
+    'aten::layer_norm': norm_flop_counter(2),
+    'aten::instance_norm': norm_flop_counter(1),
+    'aten::upsample_nearest2d': elementwise_flop_counter(0, 1),
+    'aten::upsample_bilinear2d': elementwise_flop_counter(0, 4),
+    'aten::adaptive_avg_pool2d': elementwise_flop_counter(1, 0),
+    'aten::grid_sampler': elementwise_flop_counter(0, 4),
+    **EXTRA_FLOP_HANDLES,
+}
 
-    A ``torch.autograd.Function`` (``prim::PythonOp.<Name>``) without a handle of its own
-    is counted by running the table over the forward subgraph the tracer records in
-    the node (``Subgraph``): a custom kernel written as a Function (e.g. InLine's with
-    a hand-written backward) is counted by its real matmuls instead of being skipped.
-    Ops inside it that have no handle, and Functions with an opaque body (a C
-    extension, numpy: no arithmetic op traced inside), are recorded in ``inner_unknown``.
-    Functions listed in :data:`UNCOUNTED_OPS` (NMS, RoIAlign) keep being reported as
-    not counted.
+PYTHON_OP = 'prim::PythonOp'
+
+
+def autograd_function_classes() -> Iterator[Type[torch.autograd.Function]]:
+    """Every subclass of ``torch.autograd.Function`` defined so far (at any depth)."""
+    seen = set()
+    todo = list(torch.autograd.Function.__subclasses__())
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        todo.extend(cls.__subclasses__())
+        yield cls
+
+
+def node_kind(node) -> str:
+    """The op kind of a traced node as mmengine names it: an autograd Function is
+    ``prim::PythonOp.<class name>``."""
+    kind = node.kind()
+    return f'{kind}.{node.pyname()}' if kind == PYTHON_OP else kind
+
+
+class InLineFlopAnalyzer(FlopAnalyzer):
+    """mmengine's :class:`FlopAnalyzer` counting with :data:`FLOP_HANDLES`, autograd
+    Functions counted from the forward ops traced inside them.
+
+    :data:`FLOP_HANDLES` and one handle per autograd Function class defined when the
+    analyzer is made (``prim::PythonOp.<Name>``) are set through the public
+    ``set_op_handle``, over mmengine's defaults (the same handlers for the same ops);
+    Functions in :data:`UNCOUNTED_OPS` (mmcv's NMS and RoIAlign) get none and stay
+    reported as not counted.
+    A Function's handle runs the same table over the forward subgraph the tracer records
+    in its node (``Subgraph``), so a kernel written as a Function (InLine's, with its
+    hand-written backward) is counted by its real matmuls instead of being skipped; a
+    Function nested inside is counted the same way.
+
+    Ops inside a Function that have no handle, and Functions with an opaque body (a C
+    extension, numpy: no arithmetic op traced inside), are added to
+    :attr:`function_unknown` (``'prim::PythonOp.F/aten::op'``, or the Function's own
+    kind) while the analysis runs. A Function class defined after the analyzer is made
+    has no handle: it is reported by ``unsupported_ops`` as any unknown op.
+
+    Args:
+        model (nn.Module): the model to trace.
+        inputs (Tensor or tuple): its inputs.
+
+    Attributes:
+        flop_handles (dict): op kind -> handle, the table installed in the analyzer.
+        function_unknown (Counter): what could not be counted inside autograd Functions.
     """
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.inner_unknown: typing.Counter[str] = Counter()
-        self.ignored: Set[str] = set()
+    def __init__(self, model: nn.Module, inputs: Union[torch.Tensor, Tuple[Any, ...]]):
+        super().__init__(model, inputs)
+        self.function_unknown: typing.Counter[str] = Counter()
+        self.flop_handles: Dict[str, Handle] = dict(FLOP_HANDLES)
+        for cls in autograd_function_classes():
+            kind = f'{PYTHON_OP}.{cls.__name__}'
+            if kind not in UNCOUNTED_OPS and kind not in self.flop_handles:
+                self.flop_handles[kind] = self.count_autograd_function
+        self.set_op_handle(**self.flop_handles)
 
-    def __contains__(self, kind) -> bool:
-        return super().__contains__(kind) or self._is_fallback(kind)
-
-    def __getitem__(self, kind):
-        if not super().__contains__(kind) and self._is_fallback(kind):
-            return self._count_python_op
-        return super().__getitem__(kind)
-
-    @staticmethod
-    def _is_fallback(kind) -> bool:
-        return isinstance(kind, str) and kind.startswith('prim::PythonOp.') and \
-            kind not in UNCOUNTED_OPS
-
-    def _count_python_op(self, inputs: List[Any], outputs: List[Any]) -> typing.Counter[str]:
+    def count_autograd_function(self, inputs: List[Any],
+                                outputs: List[Any]) -> typing.Counter[str]:
+        """The handle of a ``prim::PythonOp`` node: the FLOPs of its traced forward."""
         node = outputs[0].node()
-        name = f'prim::PythonOp.{node.pyname()}'
+        name = node_kind(node)
         if not node.hasAttribute('Subgraph'):
-            self.inner_unknown[name] += 1
+            self.function_unknown[name] += 1
             return Counter()
         counts: typing.Counter[str] = Counter()
         traced_any = False
         for inner in node.g('Subgraph').nodes():
-            kind = inner.kind()
-            if kind == 'prim::PythonOp':
-                kind = f'{kind}.{inner.pyname()}'
-            if (kind.startswith('prim::') and not kind.startswith('prim::PythonOp')) or \
-                    kind in self.ignored or kind in ZERO_COST_OPS:
+            kind = node_kind(inner)
+            if (kind.startswith('prim::') and not kind.startswith(PYTHON_OP)) or \
+                    kind in ZERO_COST_OPS:
                 continue
             traced_any = True
-            if kind in self:
-                found = self[kind](list(inner.inputs()), list(inner.outputs()))
+            handle = self.flop_handles.get(kind)
+            if handle is not None:
+                found = handle(list(inner.inputs()), list(inner.outputs()))
                 if not isinstance(found, Counter):
                     found = Counter({kind.split('::')[-1]: found})
                 counts += found
             elif kind not in UNCOUNTED_OPS:
-                self.inner_unknown[f'{name}/{kind}'] += 1
+                self.function_unknown[f'{name}/{kind}'] += 1
         if not traced_any:
-            self.inner_unknown[name] += 1  # opaque body: nothing could be counted
+            self.function_unknown[name] += 1  # opaque body: nothing could be counted
         return counts
 
 
 def flop_analyzer(model: nn.Module, inputs: Union[torch.Tensor, Tuple[Any, ...]],
                   warn_uncalled: bool = False) -> FlopAnalyzer:
-    """A :class:`FlopAnalyzer` with :data:`EXTRA_FLOP_HANDLES` added and autograd
-    Functions counted from their traced forward (see :class:`_HandleTable`).
+    """An :class:`InLineFlopAnalyzer` of ``model(*inputs)`` with mmengine's warnings off.
 
     No warnings are logged for ops without a handler: :func:`unknown_ops` lists those
     that are not left out by design (:data:`UNCOUNTED_OPS`); any such op is not counted.
+    ``warn_uncalled`` keeps mmengine's warning for modules the trace never called.
     """
-    analyzer = FlopAnalyzer(model, inputs)
-    analyzer.set_op_handle(**EXTRA_FLOP_HANDLES)
-    # mmengine 0.10 keeps the table in ``_op_handles`` and only looks ops up in it
-    table = _HandleTable(analyzer._op_handles)
-    table.ignored = analyzer._ignored_ops
-    analyzer._op_handles = table
+    analyzer = InLineFlopAnalyzer(model, inputs)
     analyzer.unsupported_ops_warnings(False)
     analyzer.uncalled_modules_warnings(warn_uncalled)
     return analyzer
@@ -194,9 +268,8 @@ def unknown_ops(analyzer: FlopAnalyzer, module_name: str = '') -> Dict[str, int]
     including ops inside autograd Functions (for the whole model only: ``'func/op'``)."""
     unknown = {op: n for op, n in analyzer.unsupported_ops(module_name).items()
                if op not in UNCOUNTED_OPS}
-    table = analyzer._op_handles
-    if not module_name and isinstance(table, _HandleTable):
-        unknown.update(table.inner_unknown)
+    if not module_name and isinstance(analyzer, InLineFlopAnalyzer):
+        unknown.update(analyzer.function_unknown)
     return unknown
 
 

@@ -17,6 +17,16 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+# ---- The process's memory: glibc's allocator and the kernel's pages (CPU, Linux) -------
+# The only code of the package that talks to libc (mallopt) or reads /proc/self/smaps.
+# A benchmark needs it because a CPU call's time includes the page faults of the memory
+# it allocates: with glibc's defaults, large freed blocks go back to the system and the
+# next call faults fresh zeroed pages in again, a cost of the allocator, not of the code
+# measured, and one that grows faster than the tensors; and with 4 KiB pages instead of
+# 2 MiB ones, large maps pay TLB misses small ones do not. The benchmarks keep freed
+# memory mapped (keep_freed_memory) and record whether huge pages are in use
+# (huge_pages_in_use) and the faults per call (minor_page_faults).
+
 # glibc's mallopt() parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
@@ -27,11 +37,10 @@ def keep_freed_memory(mmap_threshold: int = 1 << 30, trim_threshold: int = 1 << 
     By default glibc serves blocks above its mmap threshold (128 KiB, raised as blocks
     are freed, to at most 32 MiB) with fresh ``mmap`` pages and trims freed memory at
     the top of the heap, so a call that allocates a large tensor can pay a page fault
-    per 4 KiB page for zeroed memory. That cost is not the kernel's and grows
-    faster than the tensor (it hit 256x256-token maps and not 128x128 ones here).
-    Raising the mmap and trim thresholds (what ``GLIBC_TUNABLES=glibc.malloc.
-    mmap_threshold=...:glibc.malloc.trim_threshold=...`` does at start-up) keeps the
-    pages mapped. Returns whether it took effect (False off glibc).
+    per 4 KiB page for zeroed memory. That cost is not the measured code's and grows
+    faster than the tensor. Raising the mmap and trim thresholds (what
+    ``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=...:glibc.malloc.trim_threshold=...``
+    does at start-up) keeps the pages mapped. Returns whether it took effect (False off glibc).
     """
     name = ctypes.util.find_library('c')
     try:
@@ -49,9 +58,9 @@ def huge_pages_in_use(numel: int = 4 << 20) -> bool:
     torch puts its CPU blocks of 2 MiB and more on huge pages when the environment
     variable ``THP_MEM_ALLOC_ENABLE=1`` was set before it started (it reads it once),
     and the kernel allows it (``/sys/kernel/mm/transparent_hugepage/enabled`` is not
-    ``never``). With 4 KiB pages a 112 MiB working set needs ~28,000 TLB entries and
-    faults in ~28,000 pages, against ~56 with 2 MiB ones. Reads
-    ``/proc/self/smaps``; False where that does not exist (not Linux).
+    ``never``). A working set of W bytes takes W / 4 KiB TLB entries and page faults
+    with 4 KiB pages, W / 2 MiB with huge ones. Reads ``/proc/self/smaps``; False where
+    that does not exist (not Linux).
     """
     x = torch.ones(numel)  # touched, so its pages exist
     addr = x.data_ptr()
@@ -75,6 +84,7 @@ def minor_page_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+# ---- Timing and peak memory ----------------------------------------------------------
 def synchronize(device) -> None:
     """Wait for queued CUDA work (no-op on CPU)."""
     if torch.device(device).type == 'cuda':

@@ -44,13 +44,15 @@ import os
 import os.path as osp
 import platform
 import statistics
+import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from .model_and_batch import build_model, dummy_data_batch, dummy_train_batch
-from .measure import extrapolate, interleaved_times, load_average, over_budget, peak_extra_memory
+from .measure import (extrapolate, interleaved_times, load_average, over_budget, parse_size,
+                      peak_extra_memory)
 from .model_race_pairs import PAIRS, Pair, num_classes_of, pair_configs
 from .model_race_report import fmt, markdown, ratio
 
@@ -60,6 +62,49 @@ TRAIN_OVER_INFER = 3.0
 
 
 DEFAULT_SIZES = ('512x512', '1024x1024', '1024x2048')
+
+
+@dataclass
+class ModelRaceOptions:
+    """What :func:`run_race` races, and how (the options of
+    ``tools/analysis_tools/benchmark_models.py``, which takes its defaults from here).
+
+    Args:
+        pairs (list[str]): keys of :data:`PAIRS` to race.
+        sizes (list[tuple[int, int]]): (H, W) inference sizes.
+        train_size (tuple[int, int]): (H, W) of the training step.
+        no_train (bool): no training step.
+        train_batch (int): images per training step (UperNet's pooling branch ends in a
+            1x1 map, which BatchNorm cannot train on with one image).
+        slide_crop (tuple[int, int]): segmentors' slide-mode crop.
+        slide_stride (tuple[int, int]): segmentors' slide-mode stride.
+        detections (int, optional): detectors keep this many detections per image (see
+            :func:`adapt_config`); None keeps the config's test_cfg.
+        repeats (int): timed rounds per case.
+        warmup (int): warm-up rounds per case.
+        threads (int, optional): CPU threads for torch; None keeps torch's setting.
+        device (str): ``'cpu'`` or ``'cuda'`` (``'cuda:N'``).
+        max_call_s (float): skip a case whose call is predicted (from the smaller sizes)
+            to take longer; a call whose warm-up took longer is timed only once.
+        no_memory (bool): skip peak memory.
+        out_dir (str): where ``results.json`` and ``results.md`` go.
+    """
+    pairs: List[str] = dataclasses.field(default_factory=lambda: list(PAIRS))
+    sizes: List[Tuple[int, int]] = dataclasses.field(
+        default_factory=lambda: [parse_size(s) for s in DEFAULT_SIZES])
+    train_size: Tuple[int, int] = (512, 512)
+    no_train: bool = False
+    train_batch: int = 2
+    slide_crop: Tuple[int, int] = (1024, 1024)
+    slide_stride: Tuple[int, int] = (768, 768)
+    detections: Optional[int] = None
+    repeats: int = 2
+    warmup: int = 1
+    threads: Optional[int] = None
+    device: str = 'cpu'
+    max_call_s: float = 600.0
+    no_memory: bool = False
+    out_dir: str = 'work_dirs/benchmark_models'
 
 
 @dataclass(frozen=True)
@@ -83,20 +128,20 @@ class Case:
         return f'{self.size[0]}x{self.size[1]}'
 
 
-def adapt_config(cfg, codebase: str, args):
+def adapt_config(cfg, codebase: str, options: ModelRaceOptions):
     """A copy of a pair's config set up for the race's options.
 
     A segmentor's preprocessor pads training batches to the crop it trains on: here the
-    training-step size. With ``args.detections``, a detector keeps that many detections
+    training-step size. With ``options.detections``, a detector keeps that many detections
     per image (score threshold 0, so there are always enough): random weights leave few
     boxes above the config's threshold, and not as many for both models, so the mask
     head and the pasting of masks would do different (and unrealistically little) work.
     """
     cfg = copy.deepcopy(cfg)
-    if codebase == 'mmseg' and not args.no_train:
-        cfg.model.data_preprocessor.size = tuple(args.train_size)
-    if codebase == 'mmdet' and args.detections:
-        cfg.model.test_cfg.rcnn.update(score_thr=0.0, max_per_img=args.detections)
+    if codebase == 'mmseg' and not options.no_train:
+        cfg.model.data_preprocessor.size = tuple(options.train_size)
+    if codebase == 'mmdet' and options.detections:
+        cfg.model.test_cfg.rcnn.update(score_thr=0.0, max_per_img=options.detections)
     return cfg
 
 
@@ -195,9 +240,9 @@ def predicted_seconds(case: Case, measured: Dict[Tuple[str, str], List[Tuple[int
 
 
 def race_case(pair: Pair, models: dict, codebase: str, case: Case, num_classes: int,
-              args, measured: dict) -> dict:
+              options: ModelRaceOptions, measured: dict) -> dict:
     """Measure both models of ``pair`` on ``case``, interleaved; one row."""
-    slide_crop, slide_stride = tuple(args.slide_crop), tuple(args.slide_stride)
+    slide_crop, slide_stride = tuple(options.slide_crop), tuple(options.slide_stride)
     row = dict(pair=pair.key, ours=pair.ours, peer=pair.peer, codebase=codebase,
                kind=case.kind, size=case.size_text, pixels=case.size[0] * case.size[1],
                mode=case.mode, batch=case.batch, note='')
@@ -207,7 +252,7 @@ def race_case(pair: Pair, models: dict, codebase: str, case: Case, num_classes: 
     if case.mode == 'slide':
         row['crops'] = slide_crops(case.size, slide_crop, slide_stride)
     skip = over_budget(predicted_seconds(case, measured, slide_crop, slide_stride),
-                       args.max_call_s)
+                       options.max_call_s)
     if skip:
         row['note'] = skip
         return row
@@ -219,12 +264,12 @@ def race_case(pair: Pair, models: dict, codebase: str, case: Case, num_classes: 
     with contextlib.ExitStack() as stack:
         for role in ROLES:
             stack.enter_context(CaseSettings(models[role], case, slide_cfg))
-        timed = interleaved_times(calls, args.repeats, args.device, warmup=args.warmup,
-                                  max_warmup_s=args.max_call_s)
+        timed = interleaved_times(calls, options.repeats, options.device, warmup=options.warmup,
+                                  max_warmup_s=options.max_call_s)
         for role in ROLES:
             # a call over the cap is not run once more for its memory
-            if not args.no_memory and role not in timed.over_cap:
-                row[f'{role}_peak_mb'] = peak_extra_memory(calls[role], args.device) / 2 ** 20
+            if not options.no_memory and role not in timed.over_cap:
+                row[f'{role}_peak_mb'] = peak_extra_memory(calls[role], options.device) / 2 ** 20
     for role in ROLES:
         times = timed.times[role]
         row[f'{role}_times'] = times
@@ -242,40 +287,41 @@ def race_case(pair: Pair, models: dict, codebase: str, case: Case, num_classes: 
     return row
 
 
-def run_race(args, configs: Optional[Dict[str, tuple]] = None) -> dict:
-    """Race the pairs of ``args`` (the options of :mod:`mmplugin_inline.cli.benchmark_models`); write ``results.json``
-    and ``results.md`` under ``args.out_dir``; return ``env``, ``rows`` and ``table``.
+def run_race(options: ModelRaceOptions, configs: Optional[Dict[str, tuple]] = None) -> dict:
+    """Race the pairs of ``options``; write ``results.json`` and ``results.md`` under
+    ``options.out_dir``; return ``env``, ``rows`` and ``table``.
 
     ``configs`` (``{pair key: (ours Config, peer Config)}``) replaces
     :func:`pair_configs` for those pairs (e.g. shrunk models).
     """
     from ..tools_common import codebase_of
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    os.makedirs(args.out_dir, exist_ok=True)
-    env = dict(device=str(args.device), threads=torch.get_num_threads(),
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    os.makedirs(options.out_dir, exist_ok=True)
+    env = dict(device=str(options.device), threads=torch.get_num_threads(),
                torch=torch.__version__, machine=platform.processor() or platform.machine(),
-               repeats=args.repeats, warmup=args.warmup, train_batch=args.train_batch,
-               detections=args.detections, load_start=load_average())
+               repeats=options.repeats, warmup=options.warmup, train_batch=options.train_batch,
+               detections=options.detections, load_start=load_average())
     rows = []
 
     def save(partial):  # an interrupted run keeps what it measured
-        with open(osp.join(args.out_dir, 'results.json'), 'w') as f:
-            json.dump(dict(env=env, args=vars(args), partial=partial, rows=rows), f, indent=1,
-                      default=str)
+        with open(osp.join(options.out_dir, 'results.json'), 'w') as f:
+            json.dump(dict(env=env, args=dataclasses.asdict(options), partial=partial,
+                           rows=rows), f, indent=1, default=str)
 
-    for key in args.pairs:
+    for key in options.pairs:
         pair = PAIRS[key]
         ours_cfg, peer_cfg = (configs or {}).get(key) or pair_configs(pair)
         codebase = codebase_of(ours_cfg)
-        ours_cfg, peer_cfg = (adapt_config(cfg, codebase, args) for cfg in (ours_cfg, peer_cfg))
-        models = {'ours': build_model(ours_cfg, args.device, drop_auxiliary_head=False),
-                  'peer': build_model(peer_cfg, args.device, drop_auxiliary_head=False)}
+        ours_cfg, peer_cfg = (adapt_config(cfg, codebase, options) for cfg in (ours_cfg, peer_cfg))
+        models = {'ours': build_model(ours_cfg, options.device, drop_auxiliary_head=False),
+                  'peer': build_model(peer_cfg, options.device, drop_auxiliary_head=False)}
         num_classes = num_classes_of(ours_cfg.model)
         measured = {}
-        for case in race_cases(codebase, args.sizes, None if args.no_train else args.train_size,
-                               args.train_batch, tuple(args.slide_crop)):
-            row = race_case(pair, models, codebase, case, num_classes, args, measured)
+        train_size = None if options.no_train else options.train_size
+        for case in race_cases(codebase, options.sizes, train_size, options.train_batch,
+                               tuple(options.slide_crop)):
+            row = race_case(pair, models, codebase, case, num_classes, options, measured)
             rows.append(row)
             save(partial=True)
             print(f"{pair.key:14s} {case.kind:5s} {case.size_text:>10s} {case.mode:5s} "
@@ -286,6 +332,6 @@ def run_race(args, configs: Optional[Dict[str, tuple]] = None) -> dict:
     env['load_end'] = load_average()
     table = markdown(rows, env)
     save(partial=False)
-    with open(osp.join(args.out_dir, 'results.md'), 'w') as f:
+    with open(osp.join(options.out_dir, 'results.md'), 'w') as f:
         f.write(table)
     return dict(env=env, rows=rows, table=table)

@@ -23,35 +23,46 @@ torch's large blocks on 2 MiB pages. Whether that took effect is recorded too.
     python tools/analysis_tools/benchmark_attention.py --quick   # a small smoke run
 """
 import argparse
+import dataclasses
 
-import torch
+from ..analysis.attention_benchmark import AttentionBenchmarkOptions, run_benchmark
 
-from ..analysis.attention_benchmark import DEFAULT_MAPS, run_benchmark
+#: ``--quick``: these values replace the grid's options (a small smoke run)
+QUICK = dict(maps=['16x16', '32x32'], dims=[8], heads=[2], repeats=1)
 
 
 def parse_args(argv=None):
+    defaults = AttentionBenchmarkOptions()
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--maps', nargs='+', default=DEFAULT_MAPS, help='H x W token maps')
-    parser.add_argument('--dims', type=int, nargs='+', default=[32, 64])
-    parser.add_argument('--heads', type=int, nargs='+', default=[1, 2, 4])
-    parser.add_argument('--batch', type=int, default=1)
-    parser.add_argument('--repeats', type=int, default=5)
-    parser.add_argument('--softmax-limit-gb', type=float, default=4.0,
+    parser.add_argument('--maps', nargs='+', default=defaults.maps, help='H x W token maps')
+    parser.add_argument('--dims', type=int, nargs='+', default=defaults.dims)
+    parser.add_argument('--heads', type=int, nargs='+', default=defaults.heads)
+    parser.add_argument('--batch', type=int, default=defaults.batch)
+    parser.add_argument('--repeats', type=int, default=defaults.repeats)
+    parser.add_argument('--softmax-limit-gb', type=float, default=defaults.softmax_limit_gb,
                         help='skip naive softmax where its N x N tensors exceed this')
-    parser.add_argument('--softmax-max-tokens', type=int, default=128 * 128,
+    parser.add_argument('--softmax-max-tokens', type=int, default=defaults.softmax_max_tokens,
                         help='skip softmax (quadratic time) above this many tokens')
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--out-dir', default='work_dirs/benchmark_attention')
-    parser.add_argument('--threads', type=int, default=None,
+    parser.add_argument('--device', default=defaults.device)
+    parser.add_argument('--out-dir', default=defaults.out_dir)
+    parser.add_argument('--threads', type=int, default=defaults.threads,
                         help='torch CPU threads (default: torch\'s choice); 1 is steadier on '
                              'a busy machine')
-    parser.add_argument('--allocator', choices=['keep', 'default'], default='keep',
+    parser.add_argument('--allocator', choices=['keep', 'default'], default=defaults.allocator,
                         help="CPU: 'keep' freed memory mapped (no page faults from glibc "
                              "returning it), or glibc's 'default' behaviour")
     parser.add_argument('--quick', action='store_true', help='tiny sizes, one repeat')
     return parser.parse_args(argv)
 
 
+def benchmark_options(args: argparse.Namespace) -> AttentionBenchmarkOptions:
+    """The parsed command line as :class:`AttentionBenchmarkOptions` (``--quick`` applied)."""
+    values = vars(args).copy()
+    quick = values.pop('quick')
+    options = AttentionBenchmarkOptions(**values)
+    return dataclasses.replace(options, **QUICK) if quick else options
+
+
 def main(argv=None):
-    return run_benchmark(parse_args(argv))
+    return run_benchmark(benchmark_options(parse_args(argv)))

@@ -37,39 +37,45 @@ Writes ``results.json``, ``results.md`` and ``time_vs_pixels.png`` / ``memory_vs
 """
 import argparse
 
-from ..analysis.backbone_benchmark import CP_VALUES, DEFAULT_SIZES, FAMILIES, run_benchmark
+import torch
+
+from ..analysis.backbone_benchmark import CP_VALUES, FAMILIES, BackboneRaceOptions, run_benchmark
 from ..analysis.backbone_report import MODES
 from ..analysis.measure import parse_size
 
 
 def parse_args(argv=None):
+    defaults = BackboneRaceOptions()
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--families', nargs='*', choices=FAMILIES, default=list(FAMILIES),
+    parser.add_argument('--families', nargs='*', choices=FAMILIES, default=defaults.families,
                         help='families to race (none: only the window sweep)')
-    parser.add_argument('--sizes', nargs='+', type=parse_size,
-                        default=[parse_size(s) for s in DEFAULT_SIZES], help='HxW inputs')
-    parser.add_argument('--modes', nargs='+', choices=MODES, default=list(MODES))
-    parser.add_argument('--with-cp', nargs='+', choices=sorted(CP_VALUES), default=[],
+    parser.add_argument('--sizes', nargs='+', type=parse_size, default=defaults.sizes,
+                        help='HxW inputs')
+    parser.add_argument('--modes', nargs='+', choices=MODES, default=defaults.modes)
+    parser.add_argument('--with-cp', nargs='+', choices=sorted(CP_VALUES),
+                        default=defaults.with_cp,
                         help="also race our backbones with these with_cp settings in "
                              "training steps ('none' False, 'full' True)")
     parser.add_argument('--reference-paths', action='store_true',
                         help='also race our backbones on the reference paths (the code the '
                              'fast paths replaced; mmplugin_inline.core.reference_paths), '
                              'same weights, in the same rounds')
-    parser.add_argument('--windows', nargs='*', type=int, default=[],
+    parser.add_argument('--windows', nargs='*', type=int, default=defaults.windows,
                         help="Swin window sweep, e.g. 7 14 28 56 (none by default)")
-    parser.add_argument('--window-size-input', type=parse_size, default=(224, 224))
-    parser.add_argument('--repeats', type=int, default=5)
-    parser.add_argument('--device', default='cpu')
-    parser.add_argument('--threads', type=int, default=None, help='CPU threads (torch)')
-    parser.add_argument('--gemm-size', type=int, default=2048)
-    parser.add_argument('--max-call-s', type=float, default=60.0)
-    parser.add_argument('--max-memory-gb', type=float, default=16.0)
+    parser.add_argument('--window-size-input', type=parse_size,
+                        default=defaults.window_size_input)
+    parser.add_argument('--repeats', type=int, default=defaults.repeats)
+    parser.add_argument('--device', default=defaults.device)
+    parser.add_argument('--threads', type=int, default=defaults.threads,
+                        help='CPU threads (torch)')
+    parser.add_argument('--gemm-size', type=int, default=defaults.gemm_size)
+    parser.add_argument('--max-call-s', type=float, default=defaults.max_call_s)
+    parser.add_argument('--max-memory-gb', type=float, default=defaults.max_memory_gb)
     parser.add_argument('--no-memory', action='store_true', help='skip peak memory')
     parser.add_argument('--no-flops', action='store_true', help='skip FLOP counts')
     parser.add_argument('--no-plots', action='store_true')
-    parser.add_argument('--out-dir', default='work_dirs/benchmark_backbones')
+    parser.add_argument('--out-dir', default=defaults.out_dir)
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error('--repeats must be at least 1')
@@ -77,4 +83,7 @@ def parse_args(argv=None):
 
 
 def main(argv=None):
-    return run_benchmark(parse_args(argv))
+    options = BackboneRaceOptions(**vars(parse_args(argv)))
+    if torch.device(options.device).type == 'cuda' and not torch.cuda.is_available():
+        raise SystemExit(f'--device {options.device} asked for, but CUDA is not available here')
+    return run_benchmark(options)

@@ -29,45 +29,56 @@ import argparse
 from typing import Optional
 
 from ..analysis.measure import parse_size
-from ..analysis.model_race import DEFAULT_SIZES, PAIRS
+from ..analysis.model_race import DEFAULT_SIZES, PAIRS, ModelRaceOptions
 
 
 def add_race_options(parser) -> None:
     """The options of ``tools/analysis_tools/benchmark_models.py`` (the script makes the
-    parser, as mmdet's tools do); check the parsed values with :func:`check_race_args`."""
-    parser.add_argument('--pairs', nargs='+', choices=sorted(PAIRS), default=list(PAIRS),
+    parser, as mmdet's tools do); check the parsed values with :func:`check_race_args`,
+    turn them into the race's options with :func:`race_options`."""
+    defaults = ModelRaceOptions()
+    parser.add_argument('--pairs', nargs='+', choices=sorted(PAIRS), default=defaults.pairs,
                         help='pairs to race (default: all)')
     parser.add_argument('--sizes', nargs='+', type=parse_size, metavar='HxW',
-                        default=[parse_size(s) for s in DEFAULT_SIZES],
+                        default=defaults.sizes,
                         help=f'inference sizes (default: {" ".join(DEFAULT_SIZES)})')
-    parser.add_argument('--train-size', type=parse_size, default=(512, 512), metavar='HxW',
+    parser.add_argument('--train-size', type=parse_size, default=defaults.train_size,
+                        metavar='HxW',
                         help='training-step size (default: 512x512)')
     parser.add_argument('--no-train', action='store_true', help='no training step')
-    parser.add_argument('--train-batch', type=int, default=2, metavar='N',
+    parser.add_argument('--train-batch', type=int, default=defaults.train_batch, metavar='N',
                         help="images per training step (default: 2; UperNet's pooling "
                              'branch ends in a 1x1 map, which BatchNorm cannot train on '
                              'with one image)')
-    parser.add_argument('--slide-crop', type=parse_size, default=(1024, 1024), metavar='HxW',
+    parser.add_argument('--slide-crop', type=parse_size, default=defaults.slide_crop,
+                        metavar='HxW',
                         help="segmentors' slide-mode crop (default: 1024x1024)")
-    parser.add_argument('--slide-stride', type=parse_size, default=(768, 768), metavar='HxW',
+    parser.add_argument('--slide-stride', type=parse_size, default=defaults.slide_stride,
+                        metavar='HxW',
                         help="segmentors' slide-mode stride (default: 768x768)")
-    parser.add_argument('--detections', type=int, default=None, metavar='N',
+    parser.add_argument('--detections', type=int, default=defaults.detections, metavar='N',
                         help='detectors keep N detections per image (score threshold 0; '
                              'there are always enough), so that both models post-process '
                              'the same; '
                              "default: the config's test_cfg (random weights: few boxes)")
-    parser.add_argument('--repeats', type=int, default=2,
+    parser.add_argument('--repeats', type=int, default=defaults.repeats,
                         help='timed rounds per case (default: 2)')
-    parser.add_argument('--warmup', type=int, default=1,
+    parser.add_argument('--warmup', type=int, default=defaults.warmup,
                         help='warm-up rounds per case (default: 1)')
-    parser.add_argument('--threads', type=int, default=None, help='CPU threads (torch)')
-    parser.add_argument('--device', default='cpu', help='cpu or cuda (cuda:N)')
-    parser.add_argument('--max-call-s', type=float, default=600.0,
+    parser.add_argument('--threads', type=int, default=defaults.threads,
+                        help='CPU threads (torch)')
+    parser.add_argument('--device', default=defaults.device, help='cpu or cuda (cuda:N)')
+    parser.add_argument('--max-call-s', type=float, default=defaults.max_call_s,
                         help='skip a case whose call is predicted (from the smaller sizes) '
                              'to take longer; time a call whose warm-up took longer only '
                              'once (default: 600)')
     parser.add_argument('--no-memory', action='store_true', help='skip peak memory')
-    parser.add_argument('--out-dir', default='work_dirs/benchmark_models')
+    parser.add_argument('--out-dir', default=defaults.out_dir)
+
+
+def race_options(args) -> ModelRaceOptions:
+    """The parsed options of :func:`add_race_options` as the race's :class:`ModelRaceOptions`."""
+    return ModelRaceOptions(**vars(args))
 
 
 def check_race_args(args) -> Optional[str]:
@@ -111,7 +122,7 @@ def main(argv=None):
         fail(f'--device {args.device} asked for, but CUDA is not available here')
     if torch.device(args.device).type == 'cpu':
         keep_freed_memory()  # as the backbone race: no page faults for re-used memory
-    out = run_race(args)
+    out = run_race(race_options(args))
     print(out['table'])
     print('wrote', ' and '.join(f'{args.out_dir}/{n}' for n in ('results.json', 'results.md')))
     return out

@@ -51,9 +51,8 @@ def local_residual_nhwc(v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     The values arrive as tokens, so channels-last is their own layout: the batch is
     folded into the channels (``[H, W, B*C]``, a view when B = 1) and one depthwise
     convolution runs on channels-last memory. On the CPU, oneDNN's channels-last
-    depthwise kernel is several times faster than the NCHW grouped one, which also needs
-    the tokens transposed into NCHW first (measured at 1 thread, 128x128x96: 7.9 vs
-    16.3 ms forward, 8.8 vs 34.0 ms with the backward; the backbone benchmark's
+    depthwise kernel is faster than the NCHW grouped one, which also needs the tokens
+    transposed into NCHW first (figures in the benchmarks page; the backbone benchmark's
     ``--reference-paths`` races the two inside whole models); cuDNN has NHWC depthwise
     kernels as well, and the layout copies it saves are the same on the GPU.
 

@@ -62,7 +62,8 @@ def _auto_backend() -> str:
 
 def set_cpu_linear_backend(name: str) -> str:
     """Choose the library of the CPU fp32 linear layers: 'onednn', 'blas', or 'auto'
-    (oneDNN on AMD x86 processors, where it measured about 2x MKL; BLAS elsewhere).
+    (oneDNN on AMD x86 processors, where MKL does not take its fast kernels; BLAS
+    elsewhere).
 
     Returns the library now in use ('onednn' or 'blas'; 'blas' where this torch has no
     oneDNN) and logs it (``logging``, logger ``mmplugin_inline.core.matmul_backend``).

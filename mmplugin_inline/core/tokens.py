@@ -32,11 +32,11 @@ def pad_amount(size: int, multiple: int) -> int:
     Written as ``ceil(size / multiple) * multiple - size`` so that the padded size
     ``size + pad`` cancels to a multiple of a floor division, and a strided layer after it
     divides it exactly: the sizes of later stages stay short expressions of the input's
-    (``(multiple - size % multiple) % multiple`` nested a modulo per stage, and the
-    exporter's simplification of those took most of the export time: a tiny InLine-PVT
-    exported in 221 s before, about 13 s after). The ceiling is ``(size + multiple - 1)
-    // multiple``, with positive operands only: ONNX's integer ``Div`` truncates towards
-    zero, so ``-(-size // multiple)`` exports as a floor (outputs one row short).
+    (``(multiple - size % multiple) % multiple`` would nest a modulo per stage, and the
+    exporter's simplification of those nested expressions is slow). The ceiling is
+    ``(size + multiple - 1) // multiple``, with positive operands only: ONNX's integer
+    ``Div`` truncates towards zero, so ``-(-size // multiple)`` exports as a floor
+    (outputs one row short).
     """
     if known_zero(size % multiple):
         # a size that is a known multiple (concrete, or e.g. a map padded to whole stripes

@@ -45,11 +45,11 @@ def cached_mask(key: tuple, build: Callable[[], Optional[torch.Tensor]]):
     """``build()``, remembered under ``key`` (sizes, window, shift, device).
 
     The masks depend only on sizes, so every block of a stage and every forward at the
-    same size share one (they were rebuilt per block and forward: ``ne``, ``bitwise_or``,
-    ``fill_`` and partition copies, a few % of a CSWin forward). Not cached, so built as
-    before: on the reference paths, and while sizes are not plain integers or a graph is
-    being captured (``torch.export`` / ONNX with dynamic sizes, ``torch.compile``, jit
-    tracing), where the mask must stay an expression of the input size in the graph.
+    same size share one instead of each building its own (``ne``, ``bitwise_or``,
+    ``fill_`` and partition copies). Built by ``build()`` every time instead: on the
+    reference paths, and while sizes are not plain integers or a graph is being captured
+    (``torch.export`` / ONNX with dynamic sizes, ``torch.compile``, jit tracing), where
+    the mask must stay an expression of the input size in the graph.
     On CUDA the cached mask stays on its device; callers never write into it.
     """
     # a symbolic size (SymInt) or a 0-d tensor (jit tracing) is not a plain int: built

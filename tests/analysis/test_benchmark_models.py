@@ -126,7 +126,8 @@ def test_predicted_times_from_the_whole_inference_calls():
     # a case predicted over the cap is skipped without building a call
     args = parse(['--max-call-s', '5'])
     row = race.race_case(pairs.PAIRS['fpn-pvt'], models=None, codebase='mmseg', case=whole,
-                         num_classes=150, args=args, measured=measured)
+                         num_classes=150, options=race_tool.race_options(args),
+                         measured=measured)
     assert row['ours_s'] is None and row['note'].startswith('skipped: predicted 8 s')
 
 
@@ -217,7 +218,7 @@ def test_a_tiny_race_of_the_semantic_fpn_pair(tmp_path):
     args = parse(['--pairs', 'fpn-pvt', '--sizes', '64x64', '64x96', '--train-size', '64x64',
                   '--slide-crop', '64', '--slide-stride', '48', '--repeats', '1',
                   '--out-dir', str(tmp_path)])
-    out = race.run_race(args, {'fpn-pvt': tiny_pair('fpn-pvt')})
+    out = race.run_race(race_tool.race_options(args), {'fpn-pvt': tiny_pair('fpn-pvt')})
     rows = out['rows']
     assert [(r['kind'], r['size'], r['mode']) for r in rows] == [
         ('infer', '64x64', 'whole'), ('infer', '64x96', 'whole'), ('infer', '64x96', 'slide'),
@@ -236,7 +237,7 @@ def test_a_tiny_race_of_the_semantic_fpn_pair(tmp_path):
 def test_a_call_over_the_cap_is_timed_once_and_larger_cases_are_skipped(tmp_path):
     args = parse(['--pairs', 'fpn-pvt', '--sizes', '64x64', '64x96', '--no-train',
                   '--slide-crop', '64', '--max-call-s', '1e-6', '--out-dir', str(tmp_path)])
-    rows = race.run_race(args, {'fpn-pvt': tiny_pair('fpn-pvt')})['rows']
+    rows = race.run_race(race_tool.race_options(args), {'fpn-pvt': tiny_pair('fpn-pvt')})['rows']
     first, *rest = rows
     assert len(first['ours_times']) == len(first['peer_times']) == 1
     assert first['ours_s'] > 0 and first['ours_peak_mb'] is None
