@@ -3,7 +3,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup demo demo-seg test test-fast docs env gpu-check clean
+.PHONY: setup demo demo-seg test test-fast lint docs env gpu-check clean
 
 setup:
 	bash scripts/setup_env.sh
@@ -25,6 +25,11 @@ test: setup
 # the unit tier, to run after every change: no end-to-end runs (slow), no GPU tests
 test-fast: setup
 	$(PY) -m pytest -m "not slow and not cuda" $(PYTEST_ARGS)
+
+# ruff (pinned in requirements/pinned.txt, configured in pyproject.toml): pyflakes,
+# pycodestyle, import order and the bugbear checks that fit; CI runs it before the tests
+lint: setup
+	$(PY) -m ruff check .
 
 # the manual (Sphinx + MyST) -> docs/_build/html/index.html; any warning is an error
 docs: setup

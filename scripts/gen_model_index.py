@@ -14,10 +14,11 @@ ImageNet-1k backbone of the authors, whose ``Weights`` is the backbone's URL.
 Numbers are measured, never typed in: parameters by building the model with random
 weights (the whole detector / segmentor; mmseg's training-only auxiliary head left out
 as ``get_flops.py`` does), FLOPs (multiply-accumulates) with
-``mmplugin_inline.analysis.flops.get_flops`` (``tools/analysis_tools/get_flops.py``) at the input shape written beside
-them (``torch.manual_seed(0)`` before each build, so the proposals a two-stage
-detector's RPN keeps with random weights, and hence its FLOPs, repeat). No ``Results``
-are written: no run of these configs on COCO / ADE20K / Cityscapes exists yet.
+``mmplugin_inline.analysis.flops.get_flops`` (``tools/analysis_tools/get_flops.py``) at the
+input shape written beside them (``torch.manual_seed(0)`` before each build, so the
+proposals a two-stage detector's RPN keeps with random weights, and hence its FLOPs,
+repeat). No ``Results`` are written: no run of these configs on COCO / ADE20K / Cityscapes
+exists yet.
 
 ``--no-flops`` keeps the FLOPs already in the files and re-measures parameters only;
 ``--flops-only NAME ...`` measures FLOPs for those configs only (a full-size trace takes
@@ -257,8 +258,8 @@ def build_index(flops: bool, old: dict, cache=None, flops_only=None) -> dict:
               flush=True)
     out = OrderedDict()
     for folder, models in by_folder.items():
-        collection = OrderedDict([('Name', titles[folder]),
-                                  ('Metadata', OrderedDict([('Architecture', ['InLine attention'])])),
+        architecture = OrderedDict([('Architecture', ['InLine attention'])])
+        collection = OrderedDict([('Name', titles[folder]), ('Metadata', architecture),
                                   ('Paper', PAPER)])
         if osp.isfile(osp.join(REPO, folder, 'README.md')):
             collection['README'] = f'{folder}/README.md'
@@ -315,7 +316,8 @@ def readme_tables(folder: str, metafile: dict) -> str:
     if backbones:
         out += ['ImageNet-1k backbones (the authors\' weights; params and FLOPs of the backbone '
                 'as built with `type`, `arch` and the default options, no classifier):', '',
-                '| backbone | input | params | FLOPs | weights | file |', '|---|---|---|---|---|---|']
+                '| backbone | input | params | FLOPs | weights | file |',
+                '|---|---|---|---|---|---|']
         for m in backbones:
             meta = m['Metadata']
             size = meta['Input Shape'].split('x', 1)[1]

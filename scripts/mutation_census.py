@@ -32,8 +32,12 @@ def census(mutants: int, seed: int) -> collections.Counter:
     import torch
     from mmengine.runner.checkpoint import save_checkpoint
 
-    from mmplugin_inline.weights import (CheckpointError, DamagedCheckpointError,
-                                         load_run_checkpoint, load_weights)
+    from mmplugin_inline.weights import (
+        CheckpointError,
+        DamagedCheckpointError,
+        load_run_checkpoint,
+        load_weights,
+    )
     sys.path.insert(0, os.path.join(ROOT, 'tests'))
     from test_damaged_files import _mutate, _run_checkpoint
     folder = tempfile.mkdtemp(prefix='mutation_census_')

@@ -9,11 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from mmplugin_inline.weights import load_run_checkpoint
-
 from helpers.runs import DET_CONFIG, PYTHON, SEG_CONFIG, make_shapes, ok, run_tool
 from helpers.shared import shared_dir
 from helpers.tiny_models import REPO, det_run_config, seg_run_config
+from mmplugin_inline.weights import load_run_checkpoint
 
 
 def pytest_configure(config):

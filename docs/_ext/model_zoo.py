@@ -58,7 +58,8 @@ def model_zoo_tables(root: str) -> str:
             flops = ' / '.join(p for p in (_num(md.get('FLOPs'), 1e9),
                                            _num(md.get('Backbone FLOPs'), 1e9)) if p)
             where = model.get('Config') or md.get('Checkpoint File') or ''
-            out.append(f"| {model['Name']} | {md.get('Backbone', model.get('In Collection', ''))} | {params} | "
+            backbone = md.get('Backbone', model.get('In Collection', ''))
+            out.append(f"| {model['Name']} | {backbone} | {params} | "
                        f"{flops} | {md.get('Input Shape', '')} | `{where}` |")
         out.append('')
     return '\n'.join(out)

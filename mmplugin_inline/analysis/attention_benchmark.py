@@ -12,11 +12,22 @@ from typing import List, Optional
 
 import torch
 
-from ..core import (inline_attention, inline_attention_authors, linear_attention,
-                    softmax_attention, softmax_attention_reference)
+from ..core import (
+    inline_attention,
+    inline_attention_authors,
+    linear_attention,
+    softmax_attention,
+    softmax_attention_reference,
+)
 from .loglog import loglog_figure
-from .measure import (huge_pages_in_use, interleaved_times, keep_freed_memory,
-                      minor_page_faults, parse_size, peak_extra_memory)
+from .measure import (
+    huge_pages_in_use,
+    interleaved_times,
+    keep_freed_memory,
+    minor_page_faults,
+    parse_size,
+    peak_extra_memory,
+)
 
 IMPLS = {
     'inline (ours)': inline_attention,

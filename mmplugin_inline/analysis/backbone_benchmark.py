@@ -17,8 +17,15 @@ import torch
 from mmplugin_inline.core.matmul_backend import cpu_linear_backend, linear
 
 from .backbone_report import MODES, OURS, fmt, markdown, plot
-from .measure import (extrapolate, interleaved_times, keep_freed_memory, load_average,
-                      over_budget, parse_size, peak_extra_memory)
+from .measure import (
+    extrapolate,
+    interleaved_times,
+    keep_freed_memory,
+    load_average,
+    over_budget,
+    parse_size,
+    peak_extra_memory,
+)
 
 FAMILIES = ('pvt', 'swin', 'cswin', 'deit')
 DEFAULT_SIZES = ('224x224', '512x512', '800x1344', '1024x2048')

@@ -36,10 +36,19 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Type, U
 import torch
 import torch.nn as nn
 from mmengine.analysis import FlopAnalyzer, parameter_count
-from mmengine.analysis.jit_handles import (Handle, addmm_flop_jit, batchnorm_flop_jit,
-                                           bmm_flop_jit, conv_flop_jit, einsum_flop_jit,
-                                           elementwise_flop_counter, get_shape,
-                                           linear_flop_jit, matmul_flop_jit, norm_flop_counter)
+from mmengine.analysis.jit_handles import (
+    Handle,
+    addmm_flop_jit,
+    batchnorm_flop_jit,
+    bmm_flop_jit,
+    conv_flop_jit,
+    einsum_flop_jit,
+    elementwise_flop_counter,
+    get_shape,
+    linear_flop_jit,
+    matmul_flop_jit,
+    norm_flop_counter,
+)
 
 #: ``aten`` ops the SDPA handler serves; the private variants are what some
 #: backends record, with q, k, v as their first three inputs as well.

@@ -149,7 +149,8 @@ def report(summary: Dict[str, dict], pairs: List[dict], metric: str) -> str:
     for name, s in sorted(summary.items(), key=lambda kv: -kv[1]['mean']):
         lines.append(f"| {name} | {s['mean']:.4g} ± {s['std']:.2g} | {s['min']:.4g} - "
                      f"{s['max']:.4g} | {s['seeds']} | {s['time_per_iter']:.3f} |")
-    lines += ['', '| better | worse | difference | beyond the seeds\' spread |', '|---|---|---|---|']
+    lines += ['', '| better | worse | difference | beyond the seeds\' spread |',
+              '|---|---|---|---|']
     for p in pairs:
         lines.append(f"| {p['better']} | {p['worse']} | {p['difference']:+.4g} | "
                      f"{'yes (ranges apart)' if p['separated'] else 'no (inconclusive)'} |")

@@ -38,21 +38,27 @@ with the options) is the command line over :func:`run_race`; the tables are
 """
 import contextlib
 import copy
+import dataclasses
 import gc
 import json
 import os
 import os.path as osp
 import platform
 import statistics
-import dataclasses
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .measure import (
+    extrapolate,
+    interleaved_times,
+    load_average,
+    over_budget,
+    parse_size,
+    peak_extra_memory,
+)
 from .model_and_batch import build_model, dummy_data_batch, dummy_train_batch
-from .measure import (extrapolate, interleaved_times, load_average, over_budget, parse_size,
-                      peak_extra_memory)
 from .model_race_pairs import PAIRS, Pair, num_classes_of, pair_configs
 from .model_race_report import fmt, markdown, ratio
 

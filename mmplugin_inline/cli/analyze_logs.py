@@ -119,7 +119,7 @@ def main(argv=None):
     if args.task == 'cal_train_time':
         with tempfile.TemporaryDirectory() as tmp:
             train_only = []
-            for i, (path, lines) in enumerate(logs.items()):
+            for i, lines in enumerate(logs.values()):
                 train_only.append(osp.join(tmp, f'{i}.json'))
                 with open(train_only[-1], 'w') as f:
                     f.writelines(json.dumps(line) + '\n' for line in lines if 'lr' in line)

@@ -107,10 +107,10 @@ def detection_pictures(cfg, checkpoint, num, score_thr):
 
 def segmentation_pictures(cfg, checkpoint, num):
     import mmcv
+    import torch
     from mmengine.structures import PixelData
     from mmseg.apis import inference_model, init_model
     from mmseg.registry import DATASETS, VISUALIZERS
-    import torch
 
     from mmplugin_inline.weights import mmengine_checkpoint_loading
     with mmengine_checkpoint_loading():

@@ -119,8 +119,8 @@ def run_demo(inputs: str, config, out_dir: str = 'outputs', weights=None, device
     Returns:
         list[str]: the paths of the written pictures, in the order of the images.
     """
-    from mmplugin_inline.weights import mmengine_checkpoint_loading
     from mmplugin_inline.tools_common import can_show, codebase_of, load_config
+    from mmplugin_inline.weights import mmengine_checkpoint_loading
     images = list_images(inputs)
     if weights is not None and not osp.isfile(weights):
         raise FileNotFoundError(f'checkpoint not found: {weights}')

@@ -15,9 +15,15 @@ import sys
 
 import torch
 
-from mmplugin_inline.weights import (CheckpointError, convert_state_dict, detect_family,
-                                     dropped_entries, family_signatures, load_weights,
-                                     split_checkpoint)
+from mmplugin_inline.weights import (
+    CheckpointError,
+    convert_state_dict,
+    detect_family,
+    dropped_entries,
+    family_signatures,
+    load_weights,
+    split_checkpoint,
+)
 
 
 def convert_file(src: str, dst: str, family: str = None, allow_unsafe: bool = False,

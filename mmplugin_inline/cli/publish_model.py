@@ -30,8 +30,7 @@ import torch
 
 # mmengine imports pkg_resources, whose deprecation notice would bury the tool's messages
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated')
-from mmplugin_inline.weights import (CheckpointError, load_run_checkpoint,  # noqa: E402
-                                     sha256_of)
+from mmplugin_inline.weights import CheckpointError, load_run_checkpoint, sha256_of  # noqa: E402
 
 KEPT_KEYS = ('meta', 'state_dict')
 _PLAIN_TYPES = (type(None), bool, int, float, complex, str, bytes)

@@ -37,10 +37,19 @@ within 1e-3, labels are compared pixel by pixel; a matched (equal) share below
 import argparse
 import os.path as osp
 
-from ..deployment.onnx import (DEFAULT_OPSET, DEFAULT_TOLERANCE, EXAMPLE_BATCH,
-                               build_export_module, check_rows, default_verify_shapes,
-                               describe_range, export_onnx, format_rows, onnx_operators,
-                               verify_onnx)
+from ..deployment.onnx import (
+    DEFAULT_OPSET,
+    DEFAULT_TOLERANCE,
+    EXAMPLE_BATCH,
+    build_export_module,
+    check_rows,
+    default_verify_shapes,
+    describe_range,
+    export_onnx,
+    format_rows,
+    onnx_operators,
+    verify_onnx,
+)
 
 #: the least share of matched detections (of equal labels) --verify accepts by default
 DEFAULT_MIN_SHARE = {'detector': 0.99, 'labels': 0.999}
@@ -87,8 +96,9 @@ def parse_args(argv=None):
 
 def _image_files(directory: str):
     """The image files of ``directory``, sorted; a message ends the tool if none."""
-    from mmplugin_inline.tools_common import fail
     import os
+
+    from mmplugin_inline.tools_common import fail
     if not osp.isdir(directory):
         fail(f'--verify-images: not a folder: {directory}')
     files = sorted(osp.join(directory, f) for f in os.listdir(directory)
@@ -112,8 +122,8 @@ WHAT = dict(backbone='backbone', logits='segmentor (tensor mode)',
 
 def main(argv=None):
     from mmplugin_inline.analysis import parse_shape
-    from mmplugin_inline.utils.env_check import assert_environment
     from mmplugin_inline.tools_common import fail, load_tool_config
+    from mmplugin_inline.utils.env_check import assert_environment
     assert_environment()
     args = parse_args(argv)
     try:
@@ -196,8 +206,13 @@ def main(argv=None):
 def _verify_whole(kind, model, cfg, args, shapes, images):
     """--verify of a whole detector or label map against the model's predict."""
     from mmplugin_inline.tools_common import fail
-    from ..deployment.onnx import (image_inputs, random_inputs, verify_detector,
-                                   verify_segmentor_labels)
+
+    from ..deployment.onnx import (
+        image_inputs,
+        random_inputs,
+        verify_detector,
+        verify_segmentor_labels,
+    )
     inputs = image_inputs(model, cfg, images) if images else random_inputs(shapes)
     names = [osp.basename(p) for p in images] if images else \
         [f'random {h}x{w}' for h, w in shapes]

@@ -326,7 +326,7 @@ def _check_rpn(rpn) -> None:
 def _check_bbox_head(head) -> None:
     _check_coder(head.bbox_coder)
     if head.custom_cls_channels or head.custom_activation or \
-            not getattr(head.loss_cls, 'use_sigmoid', False) is False:
+            getattr(head.loss_cls, 'use_sigmoid', False) is not False:
         raise ValueError(f'only softmax box classifiers can be exported ({type(head).__name__})')
 
 

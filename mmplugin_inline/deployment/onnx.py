@@ -178,6 +178,10 @@ def _dim_ranges(exported) -> List[Tuple[object, object]]:
     return ranges
 
 
+#: the names of an image batch's dimensions, in order, for messages
+DIM_NAMES = ('batch', 'C', 'H', 'W')
+
+
 def describe_range(name: str, r) -> str:
     if isinstance(r, int):
         return f'{name} fixed to {r}'
@@ -217,7 +221,7 @@ def export_onnx(module, shape: Tuple[int, int], out: str, opset: int = DEFAULT_O
     if fixed:
         raise ValueError(
             f'the export fixed the {", ".join(fixed)} of the input to the example\'s '
-            f'({", ".join(describe_range(n, r) for n, r in zip(("batch", "C", "H", "W"), ranges))}): '
+            f'({", ".join(describe_range(n, r) for n, r in zip(DIM_NAMES, ranges))}): '
             'the model branches on that size; export at another --shape, or see the '
             'limits in the README (Deployment: ONNX)')
     program = torch.onnx.export(exported, (example,), dynamo=True, opset_version=opset,

@@ -35,7 +35,7 @@ def _cv2():
         import cv2
     except ImportError as exc:
         raise InferenceError(f'{exc}: onnx_inference.py reads and draws images with OpenCV '
-                            '(pip install opencv-python-headless)')
+                             '(pip install opencv-python-headless)') from None
     return cv2
 
 
@@ -45,7 +45,7 @@ def load_session(path: str):
         import onnxruntime as ort
     except ImportError as exc:
         raise InferenceError(f'{exc}: onnx_inference.py needs onnxruntime (pip install '
-                            'onnxruntime)')
+                             'onnxruntime)') from None
     if not osp.isfile(path):
         raise InferenceError(f'ONNX file not found: {path}')
     session = ort.InferenceSession(path, providers=['CPUExecutionProvider'])

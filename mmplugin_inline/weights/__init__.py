@@ -40,19 +40,42 @@ changes it.
 The modules import one way: errors <- files <- download; torch_private <- set_aside <-
 pickle_walk, global_names; run_checkpoints <- data_only <- convert.
 """
-from .convert import (convert_checkpoint, convert_state_dict, depth_differences,
-                      detect_family, dropped_entries, family_class, family_signatures,
-                      load_pretrained, rename_keys, split_checkpoint, unwrap_state_dict)
+from .convert import (
+                      convert_checkpoint,
+                      convert_state_dict,
+                      depth_differences,
+                      detect_family,
+                      dropped_entries,
+                      family_class,
+                      family_signatures,
+                      load_pretrained,
+                      rename_keys,
+                      split_checkpoint,
+                      unwrap_state_dict,
+)
 from .data_only import load_weights
 from .download import cache_dir, cached_file, is_url, probe_url, url_file_name
-from .errors import (CheckpointDownloadError, CheckpointError, DamagedCheckpointError,
-                     UnsafeCheckpointError)
-from .files import (check_checkpoint_file, damage_of, published_sha256, sha256_of,
-                    verify_published_file)
+from .errors import (
+                      CheckpointDownloadError,
+                      CheckpointError,
+                      DamagedCheckpointError,
+                      UnsafeCheckpointError,
+)
+from .files import (
+                      check_checkpoint_file,
+                      damage_of,
+                      published_sha256,
+                      sha256_of,
+                      verify_published_file,
+)
 from .global_names import absent_global
-from .run_checkpoints import (history_buffer_getattr, load_run_checkpoint,
-                              mmengine_checkpoint_globals, mmengine_checkpoint_loading,
-                              register_mmengine_safe_globals)
+from .run_checkpoints import (
+                      history_buffer_getattr,
+                      load_run_checkpoint,
+                      mmengine_checkpoint_globals,
+                      mmengine_checkpoint_loading,
+                      register_mmengine_safe_globals,
+)
 from .set_aside import SetAside
 from .torch_private import TorchInternalsChanged
 

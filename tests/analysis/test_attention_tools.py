@@ -6,10 +6,11 @@ import sys
 
 import pytest
 
+from helpers.paths import REPO
 from mmplugin_inline.analysis import attention_benchmark
 from mmplugin_inline.cli import benchmark_attention as benchmark_attention_tool
 from mmplugin_inline.cli import injectivity
-from helpers.paths import REPO
+
 ROOT = REPO
 
 
@@ -134,6 +135,7 @@ def test_injectivity_linear_collapses_different_queries_inline_does_not(tmp_path
 def test_injectivity_rows_are_the_mixers_and_the_definition(name, kernel):
     """What the layers compute (output for V = I) is the explicit definition's rows."""
     import torch
+
     from mmplugin_inline.core import ATTENTION_WEIGHTS
     q, k = injectivity.token_map(5, 7, 16)
     rows, source = injectivity.layer_weights(name, q, k, kernel)

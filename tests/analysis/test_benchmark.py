@@ -3,10 +3,9 @@ peak memory, mmdet and mmseg, CPU."""
 import pytest
 import torch
 
+from helpers.tool_configs import tiny_mask_rcnn, tiny_sem_fpn
 from mmplugin_inline.analysis import model_benchmark, peak_extra_memory, time_calls
 from mmplugin_inline.cli import benchmark as benchmark_tool
-
-from helpers.tool_configs import tiny_mask_rcnn, tiny_sem_fpn
 
 
 def test_time_calls_warms_up_then_times_each_call():

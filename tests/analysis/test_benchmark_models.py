@@ -10,15 +10,14 @@ import sys
 import pytest
 import torch
 
+from helpers.runs import run_tool
+from helpers.tiny_models import shrink_model
 from mmplugin_inline.analysis import model_race as race
 from mmplugin_inline.analysis import model_race_pairs as pairs
 from mmplugin_inline.analysis import model_race_report as race_report
-from mmplugin_inline.cli import benchmark_models as race_tool
-from mmplugin_inline.analysis.model_and_batch import dummy_train_batch
 from mmplugin_inline.analysis.measure import extrapolate, interleaved_times
-
-from helpers.runs import run_tool
-from helpers.tiny_models import shrink_model
+from mmplugin_inline.analysis.model_and_batch import dummy_train_batch
+from mmplugin_inline.cli import benchmark_models as race_tool
 
 
 class FakeClock:

@@ -6,10 +6,10 @@ import os.path as osp
 
 import pytest
 
-from mmplugin_inline.analysis.mixer_comparison import Run, Variant, separations, summarise
-from mmplugin_inline.cli import compare_mixers
 from helpers.runs import SEG_CONFIG
 from helpers.tiny_models import seg_run_config
+from mmplugin_inline.analysis.mixer_comparison import Run, Variant, separations, summarise
+from mmplugin_inline.cli import compare_mixers
 
 
 def test_variants_parse_with_and_without_the_local_residual():

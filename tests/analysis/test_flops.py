@@ -22,14 +22,12 @@ import torch.nn as nn
 from mmengine.analysis import FlopAnalyzer
 
 import mmplugin_inline  # noqa: F401  (registers the models)
+from helpers.tool_configs import mask_rcnn_inline_pvt_t, tiny_sem_fpn
 from mmplugin_inline.analysis import count_module
 from mmplugin_inline.analysis import flops as flop_count
 from mmplugin_inline.cli import get_flops as get_flops_tool
 from mmplugin_inline.models.backbones import InLinePVT
 from mmplugin_inline.models.layers import GlobalAttention, WindowAttention
-
-from helpers.tool_configs import mask_rcnn_inline_pvt_t, tiny_sem_fpn
-
 
 PVT_T = InLinePVT.arch_settings['t']
 

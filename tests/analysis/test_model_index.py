@@ -19,14 +19,12 @@ import yaml
 from mmengine.analysis import parameter_count
 from modelindex.load_model_index import load
 
+from helpers.tiny_models import REPO, config_files
 from mmplugin_inline.analysis import build_model, count_module
 from mmplugin_inline.analysis import flops as flop_count
 from mmplugin_inline.registry import MODELS, registered_families
 from mmplugin_inline.tools_common import load_config
 from scripts import gen_model_index as gen
-
-from helpers.tiny_models import REPO, config_files
-
 
 # parameters are rebuilt for these (a detector or segmentor per family, the short name,
 # a demo); FLOPS_CONFIG's are checked with its FLOPs
@@ -88,7 +86,7 @@ def test_every_path_in_the_index_exists(index):
         for collection in read_yaml(metafile)['Collections']:
             if 'README' in collection:
                 assert osp.isfile(osp.join(REPO, collection['README'])), collection['README']
-    for metafile, model in index.values():
+    for _, model in index.values():
         if 'Config' in model:
             assert osp.isfile(osp.join(REPO, model['Config']))
             assert osp.dirname(model['Config']) in (osp.dirname(metafile), 'configs')
@@ -103,7 +101,7 @@ def test_backbone_entries_are_the_released_weights(index):
     backbones = {n: (m['Weights'], m['Metadata']['Checkpoint File'], f)
                  for n, (f, m) in index.items() if 'Config' not in m}
     assert backbones == released
-    for metafile, model in index.values():  # every config names a released backbone
+    for _, model in index.values():  # every config names a released backbone
         if 'Config' in model:
             assert model['Metadata']['Backbone'] in released, model['Name']
 

@@ -9,12 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from mmplugin_inline.cli import image_demo
-
 from helpers.runs import SEG_CONFIG
 from helpers.tiny_models import REPO, SHAPES, seg_run_config
 from helpers.tool_configs import tiny_mask_rcnn, tiny_sem_fpn
-
+from mmplugin_inline.cli import image_demo
 
 
 @pytest.fixture

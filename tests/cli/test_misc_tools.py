@@ -12,12 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from mmplugin_inline.analysis.scalars import scalars_files
-from mmplugin_inline.cli import analyze_logs, browse_dataset, confusion_matrix, print_config
-
 from helpers.runs import DET_CONFIG, SEG_CONFIG, tool_failure
 from helpers.tiny_models import SHAPES, det_run_config, seg_run_config
-
+from mmplugin_inline.analysis.scalars import scalars_files
+from mmplugin_inline.cli import analyze_logs, browse_dataset, confusion_matrix, print_config
 
 
 @pytest.fixture
@@ -36,8 +34,8 @@ def fresh_visualizers(monkeypatch):
     depends on the test order, e.g. on how pytest-xdist shares the tests out)."""
     from collections import OrderedDict
 
-    from mmengine.visualization import Visualizer
     from mmdet.visualization import DetLocalVisualizer
+    from mmengine.visualization import Visualizer
     from mmseg.visualization import SegLocalVisualizer
     for cls in (Visualizer, DetLocalVisualizer, SegLocalVisualizer):
         monkeypatch.setattr(cls, '_instance_dict', OrderedDict())
@@ -226,7 +224,7 @@ def test_detection_confusion_matrix_of_known_predictions(run_configs, shapes, tm
             pred_boxes = np.concatenate([boxes, [[0, 0, 3, 3]]]).astype(np.float32)
             pred_labels = np.append(pred_labels, 0)
             expected[-1, 0] += 1
-        for j, (gt, pred) in enumerate(zip(labels, pred_labels)):
+        for gt, pred in zip(labels, pred_labels):
             expected[gt, pred] += 1
             if gt != pred:
                 expected[gt, -1] += 1  # missed: no detection of its class

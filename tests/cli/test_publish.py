@@ -13,12 +13,11 @@ import torch
 from mmengine.logging import HistoryBuffer
 from mmengine.registry import DefaultScope
 
-from mmplugin_inline.weights import DamagedCheckpointError, load_run_checkpoint
 from helpers.pickles import RunsCode
-from mmplugin_inline.cli import publish_model
-
 from helpers.runs import PYTHON, ok, run_tool
 from helpers.tiny_models import REPO, SHAPES
+from mmplugin_inline.cli import publish_model
+from mmplugin_inline.weights import DamagedCheckpointError, load_run_checkpoint
 
 TOOL = osp.join(REPO, 'tools/model_converters/publish_model.py')
 

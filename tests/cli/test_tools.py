@@ -13,19 +13,27 @@ import numpy as np
 import pytest
 import torch
 
-from mmplugin_inline.weights import (UnsafeCheckpointError, load_run_checkpoint,
-                                     mmengine_checkpoint_loading)
+from helpers.pickles import writes_marker
+from helpers.runs import (
+    DET_CONFIG,
+    PYTHON,
+    SEG_CONFIG,
+    checkpoint_meta,
+    make_shapes,
+    ok,
+    run_tool,
+    tool_failure,
+)
+from helpers.shared import copy_run
+from helpers.tiny_models import REPO, SHAPES, det_run_config
 from mmplugin_inline.analysis.scalars import read_scalars
 from mmplugin_inline.engine.preflight import dataset_problems, format_problems, preflight
 from mmplugin_inline.tools_common import load_run_config, load_tool_config
-
-from helpers.pickles import writes_marker
-from helpers.runs import (DET_CONFIG, PYTHON, SEG_CONFIG, checkpoint_meta, make_shapes, ok,
-                          run_tool, tool_failure)
-from helpers.shared import copy_run
-from helpers.tiny_models import REPO, SHAPES, det_run_config
-
-
+from mmplugin_inline.weights import (
+    UnsafeCheckpointError,
+    load_run_checkpoint,
+    mmengine_checkpoint_loading,
+)
 
 # --------------------------------------------------------------------------- data set
 
@@ -186,8 +194,8 @@ def test_only_history_buffer_methods_are_reachable_through_getattr(tmp_path):
 
 def test_pretrained_weights_that_would_run_code_load_as_data(tmp_path):
     """The other path: backbone init_cfg=Pretrained reads third-party files as data only."""
-    from mmplugin_inline.models import InLinePVT
     from helpers.tiny_models import TINY_BACKBONES
+    from mmplugin_inline.models import InLinePVT
     marker = str(tmp_path / 'marker')
     path = str(tmp_path / 'pretrained.pth')
     source = InLinePVT(arch=TINY_BACKBONES['InLinePVT'][0])

@@ -28,10 +28,9 @@ import math
 import pytest
 import torch
 
+from helpers.tiny_models import TINY_BACKBONES
 from mmplugin_inline.core import inline_attention
 from mmplugin_inline.registry import MODELS, registered_families
-
-from helpers.tiny_models import TINY_BACKBONES
 
 FAMILIES = sorted(registered_families())
 HAS_CUDA = torch.cuda.is_available()

@@ -3,14 +3,28 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmplugin_inline.core import (ATTENTION_WEIGHTS, FEATURE_MAPS, crop_to, inline_attention,
-                                  inline_attention_authors, inline_attention_reference,
-                                  inline_attention_weights, linear_attention,
-                                  linear_attention_reference, local_residual,
-                                  local_residual_reference, nchw_to_nlc, nlc_to_nchw,
-                                  pad_to_multiple, softmax_attention,
-                                  softmax_attention_reference, stripe_partition,
-                                  stripe_reverse, window_partition, window_reverse)
+from mmplugin_inline.core import (
+    ATTENTION_WEIGHTS,
+    FEATURE_MAPS,
+    crop_to,
+    inline_attention,
+    inline_attention_authors,
+    inline_attention_reference,
+    inline_attention_weights,
+    linear_attention,
+    linear_attention_reference,
+    local_residual,
+    local_residual_reference,
+    nchw_to_nlc,
+    nlc_to_nchw,
+    pad_to_multiple,
+    softmax_attention,
+    softmax_attention_reference,
+    stripe_partition,
+    stripe_reverse,
+    window_partition,
+    window_reverse,
+)
 
 KERNEL_NAMES = sorted(FEATURE_MAPS)
 TOL = {torch.float32: dict(rtol=2e-5, atol=2e-5), torch.float64: dict(rtol=1e-10, atol=1e-10)}

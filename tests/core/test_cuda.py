@@ -22,15 +22,13 @@ import textwrap
 
 import pytest
 import torch
-
-from mmplugin_inline.core import FEATURE_MAPS, inline_attention, inline_attention_reference
-from mmplugin_inline.registry import registered_families
-
-from scripts import gpu_check
+from test_amp import UNIT_ROUNDOFF, fp32_without_tf32, rounding_count, tiny_backbone
 
 from helpers.runs import PYTHON, ok, run_tool
 from helpers.tiny_models import REPO
-from test_amp import UNIT_ROUNDOFF, fp32_without_tf32, rounding_count, tiny_backbone
+from mmplugin_inline.core import FEATURE_MAPS, inline_attention, inline_attention_reference
+from mmplugin_inline.registry import registered_families
+from scripts import gpu_check
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason='needs a CUDA device')

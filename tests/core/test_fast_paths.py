@@ -10,13 +10,19 @@ import torch
 import torch.nn.functional as F
 
 import mmplugin_inline  # noqa: F401  (registers the backbones)
-from mmplugin_inline.core import (depthwise_conv_taps, fast_paths_enabled, local_residual,
-                                  local_residual_nhwc, local_residual_reference,
-                                  local_residual_taps, reference_paths)
+from helpers.tiny_models import TINY_BACKBONES
+from mmplugin_inline.core import (
+    depthwise_conv_taps,
+    fast_paths_enabled,
+    local_residual,
+    local_residual_nhwc,
+    local_residual_reference,
+    local_residual_taps,
+    reference_paths,
+)
 from mmplugin_inline.models.layers import ResidualKernelPredictor, WindowAttention
 from mmplugin_inline.models.layers import window_attention as wa
 from mmplugin_inline.registry import MODELS
-from helpers.tiny_models import TINY_BACKBONES
 
 TOL = dict(rtol=1e-10, atol=1e-10)
 

@@ -6,13 +6,18 @@ import torch
 import torch.nn.functional as F
 
 import mmplugin_inline  # noqa: F401  (registers the backbones)
+from helpers.tiny_models import TINY_BACKBONES
 from mmplugin_inline.core import matmul_backend, reference_paths
-from mmplugin_inline.core.matmul_backend import (BACKEND_ENV, cpu_linear_backend, linear,
-                                                 linear_as_conv, onednn_linear_wanted,
-                                                 set_cpu_linear_backend)
+from mmplugin_inline.core.matmul_backend import (
+    BACKEND_ENV,
+    cpu_linear_backend,
+    linear,
+    linear_as_conv,
+    onednn_linear_wanted,
+    set_cpu_linear_backend,
+)
 from mmplugin_inline.models.layers import Linear
 from mmplugin_inline.registry import MODELS
-from helpers.tiny_models import TINY_BACKBONES
 
 TOL64 = dict(rtol=1e-10, atol=1e-10)
 needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),

@@ -13,14 +13,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers.runs import PYTHON, ok, run_tool, tool_failure
+from helpers.tiny_models import REPO, TINY_BACKBONES
+from helpers.tool_configs import tiny_sem_fpn
 from mmplugin_inline.cli import pytorch2onnx
 from mmplugin_inline.deployment import onnx as export
 from mmplugin_inline.models.layers import PatchEmbed
 from mmplugin_inline.registry import MODELS
-
-from helpers.runs import PYTHON, ok, run_tool, tool_failure
-from helpers.tiny_models import REPO, TINY_BACKBONES
-from helpers.tool_configs import tiny_sem_fpn
 
 pytest.importorskip('onnxruntime')
 

@@ -4,9 +4,9 @@ sizes that are not multiples of 32."""
 import pytest
 import torch
 
+from helpers.tiny_models import TINY_BACKBONES
 from mmplugin_inline.deployment import onnx as export
 from mmplugin_inline.registry import MODELS
-from helpers.tiny_models import TINY_BACKBONES
 
 pytest.importorskip('onnxruntime')
 

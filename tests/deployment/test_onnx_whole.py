@@ -14,12 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from mmplugin_inline.deployment import detector as det
-from mmplugin_inline.deployment import onnx as export
-
 from helpers.runs import PYTHON, ok, run_tool
 from helpers.tiny_models import REPO, shrink_model
 from helpers.tool_configs import tiny_sem_fpn
+from mmplugin_inline.deployment import detector as det
+from mmplugin_inline.deployment import onnx as export
 
 pytest.importorskip('onnxruntime')
 # one worker runs this file: its slow tests share one export (a module fixture)
@@ -295,9 +294,8 @@ def test_cli_exports_segmentor_labels(tmp_path):
 
 def test_cli_rejects_bad_whole_model_options(tmp_path, capsys):
     """One message, exit status 1 and no traceback (the tool's main, in process)."""
-    from mmplugin_inline.cli import pytorch2onnx
-
     from helpers.runs import tool_failure
+    from mmplugin_inline.cli import pytorch2onnx
     config = str(tmp_path / 'tiny_mask_rcnn.py')
     tiny_detector_cfg('mask-rcnn').dump(config)
     base = [config, '--out', str(tmp_path / 'x.onnx'), '--shape', '64', '96']

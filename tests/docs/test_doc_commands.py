@@ -18,13 +18,15 @@ import shlex
 
 import pytest
 import torch
+
 from helpers.paths import REPO
 
 ROOT = REPO
 PAGES = ['README.md'] + sorted(glob.glob(os.path.join(ROOT, 'docs', '**', '*.md'),
                                          recursive=True))
 DEMO_DET = 'configs/demo/mask-rcnn_inline-pvt-t_fpn_shapes-demo.py'
-STARTS = re.compile(r'^(?:[A-Z_]+=\S+\s+)*(?:python\s+(?:tools|demo|scripts)/|bash\s+tools/|make\s)')
+STARTS = re.compile(
+    r'^(?:[A-Z_]+=\S+\s+)*(?:python\s+(?:tools|demo|scripts)/|bash\s+tools/|make\s)')
 
 #: tool script -> the package module whose parse_args(argv) reads its arguments
 CLI = {
@@ -126,7 +128,8 @@ def placeholders(tmp_path_factory):
         'IMAGE_OR_DIR': 'demo/shapes.jpg', 'LOG.json': str(log), 'PREDICTIONS': str(preds),
         'INPUTS': 'demo/shapes.jpg', 'NUM_PROCS': '2', 'N': '2', 'PARTITION': 'gpu',
         'JOB_NAME': 'job', 'KEY=VALUE': 'train_cfg.max_iters=1', 'H': '64', 'W': '64',
-        'S': '1', 'OUT': str(tmp / 'shapes'), 'PX': '64', 'NAME': 'InLinePVT', 'FRACTION': '0.5', 'PATH': str(ckpt), 'URL': 'https://example.invalid/x.pth',
+        'S': '1', 'OUT': str(tmp / 'shapes'), 'PX': '64', 'NAME': 'InLinePVT', 'FRACTION': '0.5',
+        'PATH': str(ckpt), 'URL': 'https://example.invalid/x.pth',
     }
     return values
 

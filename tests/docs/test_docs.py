@@ -5,6 +5,7 @@ import sys
 
 import pytest
 import yaml
+
 from helpers.paths import REPO
 
 ROOT = REPO

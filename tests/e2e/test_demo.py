@@ -5,6 +5,7 @@ import subprocess
 
 import mmcv
 import pytest
+
 from helpers.paths import REPO
 
 ROOT = REPO

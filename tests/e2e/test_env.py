@@ -57,6 +57,7 @@ def test_environment_check_explains_missing_ops(monkeypatch):
 
 def test_environment_check_explains_incompatible_mmcv(monkeypatch):
     import mmcv
+
     from mmplugin_inline.utils import env_check
     monkeypatch.setattr(mmcv, '__version__', '2.2.0')
     text, ok = env_check.environment_report()

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from helpers.local_server import refused_port
-from helpers.runs import PYTHON, DET_CONFIG, checkpoint_meta, ok, run_tool
+from helpers.runs import DET_CONFIG, PYTHON, checkpoint_meta, ok, run_tool
 from helpers.tiny_models import REPO, det_run_config
 
 # one pytest-xdist worker runs this file's tests: they share the wheel install (a module fixture)

@@ -8,8 +8,15 @@ import os.path as osp
 import pytest
 
 from helpers.run_hooks import PAUSED
-from helpers.runs import (PYTHON, kill_when_logged, max_weight_difference, ok, run_tool,
-                          train_losses, work_dir_of_a_cut_save)
+from helpers.runs import (
+    PYTHON,
+    kill_when_logged,
+    max_weight_difference,
+    ok,
+    run_tool,
+    train_losses,
+    work_dir_of_a_cut_save,
+)
 from helpers.tiny_models import REPO
 from helpers.tool_configs import resumable_mask_rcnn
 

@@ -3,7 +3,6 @@ leaves no file under the checkpoint's name, the plugin's runner reads checkpoint
 plugin's policy, and an epoch loop resumes to the same weights with the random state (the
 real runs killed and resumed: tests/e2e/test_runs_reliability.py)."""
 import os
-import os.path as osp
 
 import pytest
 
@@ -157,8 +156,11 @@ def test_the_runner_reads_its_checkpoint_with_the_plugins_policy(tmp_path):
     from helpers.pickles import writes_marker
     from helpers.runs import truncate
     from mmplugin_inline.engine import SafeCheckpointRunner
-    from mmplugin_inline.weights import (DamagedCheckpointError, UnsafeCheckpointError,
-                                         load_run_checkpoint)
+    from mmplugin_inline.weights import (
+        DamagedCheckpointError,
+        UnsafeCheckpointError,
+        load_run_checkpoint,
+    )
 
     def load(path, runner_class=SafeCheckpointRunner, unsafe_runner=False, **cfg):
         runner = _epoch_runner(tmp_path / f'run{len(os.listdir(tmp_path))}', 1, [],

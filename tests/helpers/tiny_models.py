@@ -10,6 +10,7 @@ import os.path as osp
 import pprint
 
 from .paths import REPO  # noqa: E402,F401 (imported from here by the tests)
+
 CONFIGS = osp.join(REPO, 'configs')
 SHAPES = ('circle', 'square', 'triangle')
 

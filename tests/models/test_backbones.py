@@ -6,13 +6,12 @@ import re
 import pytest
 import torch
 
-from mmplugin_inline.weights import convert_checkpoint
-from mmplugin_inline.registry import registered_families
-from mmplugin_inline.models.backbones.base import preset_key
-from mmplugin_inline.registry import MODELS
-
-from helpers.tiny_models import SMALL_BACKBONES as SMALL, TINY_BACKBONES
 from helpers.paths import DATA as TEST_DATA
+from helpers.tiny_models import SMALL_BACKBONES as SMALL
+from helpers.tiny_models import TINY_BACKBONES
+from mmplugin_inline.models.backbones.base import preset_key
+from mmplugin_inline.registry import MODELS, registered_families
+from mmplugin_inline.weights import convert_checkpoint
 
 DATA = os.path.join(TEST_DATA, 'reference', 'state_dict_keys')
 FAMILIES = sorted(registered_families())
@@ -73,7 +72,7 @@ def test_with_cp_gives_same_outputs_and_gradients(name):
     outs = [m(x) for m in (ref, cp)]
     for a, b in zip(*outs):
         torch.testing.assert_close(a, b)
-    for m, o in zip((ref, cp), outs):
+    for o in outs:
         sum(t.sum() for t in o).backward()
     for (n, p), (_, q) in zip(ref.named_parameters(), cp.named_parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=n)

@@ -9,12 +9,11 @@ import shutil
 import pytest
 import torch
 
-from mmplugin_inline.registry import MODELS, registered_families
-from mmplugin_inline.engine.preflight import json_top_level_value
-
 from helpers.fidelity import load_fixture
 from helpers.runs import DET_CONFIG, tool_failure
 from helpers.tiny_models import TINY_BACKBONES, det_run_config
+from mmplugin_inline.engine.preflight import json_top_level_value
+from mmplugin_inline.registry import MODELS, registered_families
 
 FAMILIES = sorted(registered_families())
 SHORT = {'InLinePVT': 'pvt', 'InLineSwinTransformer': 'swin', 'InLineCSWinTransformer': 'cswin',

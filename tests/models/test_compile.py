@@ -2,9 +2,8 @@
 import pytest
 import torch
 
-from mmplugin_inline.registry import MODELS
-
 from helpers.tiny_models import TINY_BACKBONES
+from mmplugin_inline.registry import MODELS
 
 # odd input sizes: padded patch embeddings, reduction cells, windows and stripes; Swin's
 # InLine blocks in windows of 4, so its later stages run the masked kernel on padded windows

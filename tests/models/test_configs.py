@@ -12,9 +12,9 @@ from mmengine.config import Config
 from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import DefaultScope
 
+from helpers.tiny_models import REPO, config_files, shrink_model
 from mmplugin_inline.engine.runner import RUNNER_TYPE
 from mmplugin_inline.registry import MODELS, released_weights
-from helpers.tiny_models import REPO, config_files, shrink_model
 
 CONFIGS = config_files()
 ODD_SIZES = [(61, 83), (77, 53)]

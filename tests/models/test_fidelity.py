@@ -2,9 +2,8 @@
 import pytest
 import torch
 
-from mmplugin_inline.registry import MODELS
-
 from helpers.fidelity import FAMILIES, backbone_cfg, load_fixture
+from mmplugin_inline.registry import MODELS
 
 ATOL = 1e-4
 

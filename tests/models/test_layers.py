@@ -6,10 +6,20 @@ import pytest
 import torch
 
 from mmplugin_inline.core import inline_attention_reference, local_residual_reference
-from mmplugin_inline.models.layers import (MIXERS, CSWinAttention, CSWinBranch, GlobalAttention,
-                                           InLineMixer, LinearMixer, SoftmaxMixer,
-                                           TransformerBlock, WindowAttention, mixer_class,
-                                           parse_block_types, shifted_window_mask)
+from mmplugin_inline.models.layers import (
+    MIXERS,
+    CSWinAttention,
+    CSWinBranch,
+    GlobalAttention,
+    InLineMixer,
+    LinearMixer,
+    SoftmaxMixer,
+    TransformerBlock,
+    WindowAttention,
+    mixer_class,
+    parse_block_types,
+    shifted_window_mask,
+)
 
 
 def _qkv(attn, x):

@@ -14,8 +14,12 @@ import pytest
 import torch
 import torch.nn as nn
 
-from mmplugin_inline.core import (inline_attention_weights, linear_attention_weights,
-                                  local_residual_reference, softmax_attention_weights)
+from mmplugin_inline.core import (
+    inline_attention_weights,
+    linear_attention_weights,
+    local_residual_reference,
+    softmax_attention_weights,
+)
 from mmplugin_inline.models.layers import CSWinAttention, GlobalAttention, WindowAttention
 
 HW, C, HEADS = (7, 9), 8, 2

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import mmplugin_inline  # noqa: F401
+from helpers.tiny_models import TINY_BACKBONES
 from mmplugin_inline.models.layers import VALID_HW_ATTR
 from mmplugin_inline.registry import MODELS
-from helpers.tiny_models import TINY_BACKBONES
 
 TOL = 1e-5
 

@@ -7,14 +7,13 @@ with ``model.data_preprocessor.type`` set to the plugin's preprocessor and
 import copy
 import os.path as osp
 
-import pytest
 import torch
 from mmengine.config import Config
 from mmengine.registry import DefaultScope
 
 import mmplugin_inline  # noqa: F401
-from mmplugin_inline.models.layers import VALID_HW_ATTR
 from helpers.tiny_models import REPO, shrink_model
+from mmplugin_inline.models.layers import VALID_HW_ATTR
 
 TOL = 1e-5
 DET_CONFIG = osp.join(REPO, 'configs/inline_pvt/mask-rcnn_inline-pvt-t_fpn_1x_coco.py')
@@ -124,8 +123,8 @@ def test_semantic_fpn_image_smaller_than_the_crop():
     away from a band at the bottom / right border, where the stock FPN neck and head
     (3x3 convs, bilinear upsampling) read the padding (alone: their own zero padding or
     edge replication), and at image sizes that are multiples of the coarsest stride."""
-    from mmseg.structures import SegDataSample
     from mmengine.structures import PixelData
+    from mmseg.structures import SegDataSample
     model = build(SEG_CONFIG, size=(256, 256))
     # a multiple of 32: mmseg's FPNHead resizes each upsampled level to the next one's
     # size, which at other sizes is not a factor of 2 alone (a resampling of the whole

@@ -6,8 +6,12 @@ on maps that are not whole windows against each window's real tokens run alone.
 import pytest
 import torch
 
-from mmplugin_inline.core import (inline_attention, inline_attention_reference,
-                                  inline_attention_weights, local_residual_reference)
+from mmplugin_inline.core import (
+    inline_attention,
+    inline_attention_reference,
+    inline_attention_weights,
+    local_residual_reference,
+)
 from mmplugin_inline.models.layers import CSWinBranch, WindowAttention
 from mmplugin_inline.models.layers.window_attention import padding_key_mask
 

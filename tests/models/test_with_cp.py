@@ -3,11 +3,10 @@ the same outputs and gradients as without, less kept for the backward, clear err
 import pytest
 import torch
 
+from helpers.tiny_models import TINY_BACKBONES
 from mmplugin_inline.models.backbones.base import InLineBackbone
 from mmplugin_inline.models.layers import WITH_CP_MODES
 from mmplugin_inline.registry import MODELS, registered_families
-
-from helpers.tiny_models import TINY_BACKBONES
 
 FAMILIES = sorted(registered_families())
 MODES = (True, 'mlp', 'attn')

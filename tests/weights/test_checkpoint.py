@@ -6,13 +6,18 @@ import sys
 import pytest
 import torch
 
-from mmplugin_inline.weights import (SetAside, convert_state_dict, detect_family, dropped_entries,
-                                     load_weights, unwrap_state_dict)
-from mmplugin_inline.weights.convert import CLASSIFIER
-from mmplugin_inline.registry import MODELS
-
 from helpers.fidelity import FAMILIES, backbone_cfg, load_fixture
 from helpers.paths import REPO
+from mmplugin_inline.registry import MODELS
+from mmplugin_inline.weights import (
+    SetAside,
+    convert_state_dict,
+    detect_family,
+    dropped_entries,
+    load_weights,
+    unwrap_state_dict,
+)
+from mmplugin_inline.weights.convert import CLASSIFIER
 
 ROOT = REPO
 

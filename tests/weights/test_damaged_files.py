@@ -17,11 +17,14 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from mmplugin_inline.weights import (CheckpointError, DamagedCheckpointError, load_run_checkpoint,
-                                     load_weights)
-
 from helpers.fidelity import DATA
 from helpers.pickles import writes_marker
+from mmplugin_inline.weights import (
+    CheckpointError,
+    DamagedCheckpointError,
+    load_run_checkpoint,
+    load_weights,
+)
 
 AUTHORS_MAX_ACC = os.path.join(DATA, 'inline_deit_mini_max_acc.pth')
 SOURCES = ('run (zip, mmengine)', 'run (legacy)', 'authors (training format)',

@@ -12,16 +12,23 @@ import zipfile
 import pytest
 import torch
 
-from mmplugin_inline.weights import (CheckpointDownloadError, CheckpointError,
-                                     DamagedCheckpointError, SetAside, cache_dir, cached_file,
-                                     load_run_checkpoint, load_weights, url_file_name)
-from mmplugin_inline.registry import MODELS
-from mmplugin_inline.engine.preflight import checkpoint_problems
-
 from helpers.fidelity import DATA, backbone_cfg, load_fixture
 from helpers.local_server import refused_port, serve_folder
-from helpers.pickles import RunsCode, writes_marker
 from helpers.paths import REPO
+from helpers.pickles import RunsCode, writes_marker
+from mmplugin_inline.engine.preflight import checkpoint_problems
+from mmplugin_inline.registry import MODELS
+from mmplugin_inline.weights import (
+    CheckpointDownloadError,
+    CheckpointError,
+    DamagedCheckpointError,
+    SetAside,
+    cache_dir,
+    cached_file,
+    load_run_checkpoint,
+    load_weights,
+    url_file_name,
+)
 
 ROOT = REPO
 # written by the InLine authors' own utils.save_checkpoint_new (see
@@ -554,8 +561,8 @@ def test_mmengines_loader_is_ours_in_the_block_and_its_own_again_after_it(tmp_pa
     mmengine reads files with its own loader (torch's error for a cut file)."""
     from mmengine.runner.checkpoint import CheckpointLoader
 
-    from mmplugin_inline.weights import mmengine_checkpoint_loading
     from helpers.runs import truncate
+    from mmplugin_inline.weights import mmengine_checkpoint_loading
     published = tmp_path / 'run-0badc0de.pth'  # not its hash
     torch.save({'meta': {'iter': 3}, 'state_dict': {'w': torch.ones(2)}}, published)
     cut = tmp_path / 'cut.pth'
@@ -723,7 +730,7 @@ def test_under_a_distributed_launcher_only_local_rank_0_downloads(server, tmp_pa
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))
     outs = [p.communicate(timeout=120) for p in procs]
-    for proc, (out, err) in zip(procs, outs):
+    for proc, (_, err) in zip(procs, outs):
         assert proc.returncode == 0, err[-3000:]
     assert requests == ['/f/2f3898b07e9247f3beb3/?dl=1']  # one download for both ranks
     entries = len(load_fixture('deit')['checkpoint']['model'])

@@ -11,10 +11,14 @@ from mmengine.model import BaseModule
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmplugin_inline.core import nlc_to_nchw
-from mmplugin_inline.models.layers import (VALID_HW_ATTR, check_with_cp, contiguous_map,
-                                           parse_block_types, stochastic_depth_rates,
-                                           valid_sizes_of)
-from mmplugin_inline.registry import MODELS
+from mmplugin_inline.models.layers import (
+    VALID_HW_ATTR,
+    check_with_cp,
+    contiguous_map,
+    parse_block_types,
+    stochastic_depth_rates,
+    valid_sizes_of,
+)
 from mmplugin_inline.weights import load_pretrained
 
 ARCH_ALIASES = {'tiny': 't', 'small': 's', 'medium': 'm', 'base': 'b', 'large': 'l'}

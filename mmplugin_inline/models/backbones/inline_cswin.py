@@ -106,7 +106,7 @@ class InLineCSWinTransformer(InLineBackbone):
         depths = cfg['depths']
         dims, types, dpr = self._init_pyramid(cfg, out_indices, block_types, drop_path_rate)
         self.stage1_conv_embed = ConvStem(in_channels, dims[0], norm_cfg)
-        for i, depth in enumerate(depths):
+        for i in range(len(depths)):
             last = i == self.num_stages - 1
             self.add_module(f'stage{i + 1}', nn.ModuleList([
                 TransformerBlock(

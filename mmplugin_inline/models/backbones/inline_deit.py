@@ -7,9 +7,17 @@ from mmcv.cnn import build_norm_layer
 from mmengine.logging import print_log
 
 from mmplugin_inline.core import nlc_to_nchw
-from mmplugin_inline.models.layers import (GlobalAttention, PatchEmbed, TransformerBlock,
-                                           contiguous_map, parse_block_types, place_pos_embed,
-                                           resize_pos_embed, run_blocks, stochastic_depth_rates)
+from mmplugin_inline.models.layers import (
+    GlobalAttention,
+    PatchEmbed,
+    TransformerBlock,
+    contiguous_map,
+    parse_block_types,
+    place_pos_embed,
+    resize_pos_embed,
+    run_blocks,
+    stochastic_depth_rates,
+)
 from mmplugin_inline.registry import MODELS
 
 from .base import InLineBackbone, normalize_out_indices, resolve_arch

@@ -5,9 +5,15 @@ import torch
 import torch.nn as nn
 
 from mmplugin_inline.core import nlc_to_nchw
-from mmplugin_inline.models.layers import (GlobalAttention, PatchEmbed, TransformerBlock,
-                                           mixer_class, place_pos_embed, resize_pos_embed,
-                                           run_blocks)
+from mmplugin_inline.models.layers import (
+    GlobalAttention,
+    PatchEmbed,
+    TransformerBlock,
+    mixer_class,
+    place_pos_embed,
+    resize_pos_embed,
+    run_blocks,
+)
 from mmplugin_inline.registry import MODELS
 
 from .base import InLineBackbone, resolve_arch

@@ -5,9 +5,15 @@ import torch
 import torch.nn as nn
 from timm.layers import resize_rel_pos_bias_table_simple
 
-from mmplugin_inline.models.layers import (GlobalAttention, PatchEmbed, PatchMerging,
-                                           TransformerBlock, WindowAttention, mixer_class,
-                                           run_blocks)
+from mmplugin_inline.models.layers import (
+    GlobalAttention,
+    PatchEmbed,
+    PatchMerging,
+    TransformerBlock,
+    WindowAttention,
+    mixer_class,
+    run_blocks,
+)
 from mmplugin_inline.registry import MODELS
 
 from .base import InLineBackbone, resolve_arch
@@ -113,7 +119,7 @@ class InLineSwinTransformer(InLineBackbone):
         self.patch_embed = PatchEmbed(in_channels, dims[0], 4, norm_cfg=norm_cfg)
         self.pos_drop = nn.Dropout(drop_rate)
         self.layers = nn.ModuleList()
-        for i, depth in enumerate(depths):
+        for i in range(len(depths)):
             stage = nn.Module()
             blocks = []
             for j, letter in enumerate(types[i]):

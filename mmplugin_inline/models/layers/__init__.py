@@ -1,16 +1,37 @@
 """Layers shared by the InLine backbone families."""
 from .attention import GlobalAttention, MultiHeadAttentionBase
-from .blocks import (WITH_CP_MODES, Mlp, TransformerBlock, check_with_cp, run_blocks,
-                     stochastic_depth_rates)
+from .blocks import (
+                     WITH_CP_MODES,
+                     Mlp,
+                     TransformerBlock,
+                     check_with_cp,
+                     run_blocks,
+                     stochastic_depth_rates,
+)
 from .embed import ConvMerging, PatchEmbed, PatchMerging, contiguous_map, resize_pos_embed
 from .linear import Linear
-from .mixers import (MIXERS, InLineMixer, LinearCostMixer, LinearMixer, Mixer,
-                     ResidualKernelPredictor, SoftmaxMixer, build_mixer, check_heads,
-                     describe_attn_types, mixer_class, parse_block_types)
+from .mixers import (
+                     MIXERS,
+                     InLineMixer,
+                     LinearCostMixer,
+                     LinearMixer,
+                     Mixer,
+                     ResidualKernelPredictor,
+                     SoftmaxMixer,
+                     build_mixer,
+                     check_heads,
+                     describe_attn_types,
+                     mixer_class,
+                     parse_block_types,
+)
 from .padding import VALID_HW_ATTR, ValidGrid, place_pos_embed, valid_sizes_of
 from .stripe_attention import CSWinAttention, CSWinBranch
-from .window_attention import (WindowAttention, WindowGrid, relative_position_index,
-                               shifted_window_mask)
+from .window_attention import (
+                     WindowAttention,
+                     WindowGrid,
+                     relative_position_index,
+                     shifted_window_mask,
+)
 
 __all__ = [
     'MIXERS', 'Mixer', 'InLineMixer', 'LinearMixer', 'SoftmaxMixer', 'LinearCostMixer',

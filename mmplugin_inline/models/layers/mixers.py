@@ -31,8 +31,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from mmplugin_inline.core import (NONNEGATIVE_FEATURE_MAPS, get_feature_map, inline_attention,
-                                  linear_attention, local_residual_nhwc)
+from mmplugin_inline.core import (
+    NONNEGATIVE_FEATURE_MAPS,
+    get_feature_map,
+    inline_attention,
+    linear_attention,
+    local_residual_nhwc,
+)
 
 from .padding import key_bias
 
@@ -67,7 +72,7 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 
 def grouped_pointwise(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
-    """``conv`` (a grouped ``Conv1d`` of kernel size 1) on one token per sample: [B, Cin] -> [B, Cout].
+    """``conv`` (a grouped ``Conv1d``, kernel 1) on one token per sample: [B, Cin] -> [B, Cout].
 
     The same product as ``conv(x.unsqueeze(-1)).squeeze(-1)``, as one batched matrix
     product over the groups: a convolution call on a length-1 sequence costs more in
@@ -292,7 +297,7 @@ MIXERS = {cls.letter: cls for cls in (InLineMixer, SoftmaxMixer, LinearMixer)}
 
 
 def describe_attn_types(conjunction: str = 'or', extra=()) -> str:
-    """The letters of :data:`MIXERS` for messages: ``"'I' (InLine), 'S' (softmax) or 'L' (linear)"``.
+    """The letters of :data:`MIXERS` for messages: "'I' (InLine), 'S' (softmax) or 'L' (linear)".
 
     ``extra`` descriptions are appended; the last item is joined by ``conjunction``.
     """

@@ -10,8 +10,14 @@ from typing import Callable, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from mmplugin_inline.core import (crop_to, fast_paths_enabled, pad_amount, pad_to_multiple,
-                                  window_partition, window_reverse)
+from mmplugin_inline.core import (
+    crop_to,
+    fast_paths_enabled,
+    pad_amount,
+    pad_to_multiple,
+    window_partition,
+    window_reverse,
+)
 from mmplugin_inline.core.tokens import known_equal
 
 from .attention import MultiHeadAttentionBase
