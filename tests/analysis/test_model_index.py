@@ -86,7 +86,7 @@ def test_every_path_in_the_index_exists(index):
         for collection in read_yaml(metafile)['Collections']:
             if 'README' in collection:
                 assert osp.isfile(osp.join(REPO, collection['README'])), collection['README']
-    for _, model in index.values():
+    for metafile, model in index.values():
         if 'Config' in model:
             assert osp.isfile(osp.join(REPO, model['Config']))
             assert osp.dirname(model['Config']) in (osp.dirname(metafile), 'configs')

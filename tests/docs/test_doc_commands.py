@@ -130,6 +130,8 @@ def placeholders(tmp_path_factory):
         'JOB_NAME': 'job', 'KEY=VALUE': 'train_cfg.max_iters=1', 'H': '64', 'W': '64',
         'S': '1', 'OUT': str(tmp / 'shapes'), 'PX': '64', 'NAME': 'InLinePVT', 'FRACTION': '0.5',
         'PATH': str(ckpt), 'URL': 'https://example.invalid/x.pth',
+        # block types of compare_mixers.py's variants: real values, not placeholders
+        'SSSS': 'SSSS', 'LLLL': 'LLLL', 'IIII': 'IIII',
     }
     return values
 
