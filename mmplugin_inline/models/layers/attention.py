@@ -127,16 +127,17 @@ class GlobalAttention(MultiHeadAttentionBase):
         gives it, and reduced tokens without a real one are masked.
         """
         p = self.num_prefix
-        keys = None if valid is None else valid.token_mask(p)
-        kv_source = x
+        kv_source, keys = x, None
         if self.sr_ratio > 1:
             # pad to whole reduction cells so maps of any size (even smaller) reduce
             x_map, _ = pad_to_multiple(nlc_to_nchw(x if valid is None else valid.zero(x), hw),
                                        (self.sr_ratio,) * 2, channels_last=False)
             reduced = self.sr(x_map)
             kv_source = self.norm(nchw_to_nlc(reduced))
-            if valid is not None:
+            if valid is not None:  # the reduced grid's real tokens
                 keys = valid.down(self.sr_ratio, reduced.shape[2:]).token_mask()
+        elif valid is not None:
+            keys = valid.token_mask(p)
         q, k, v = self.project(x, kv_source)
         out = self.mixer(q, k, v, hw, mean_token=lambda: token_mean(x, valid, p), key_mask=keys,
                          num_prefix=p)
