@@ -4,7 +4,8 @@
 # trains with the time-budgeted demo config, validates, and draws the pictures.
 #
 # Knobs (environment): DEMO_TRAIN / DEMO_VAL images (700 / 100), DEMO_BUDGET_S seconds
-# of training (the config's), DEMO_WORK_DIR (work_dirs/demo_<mode>), DEMO_DATA_DIR.
+# of training (the config's), DEMO_MIN_ITERS iterations trained even when the budget
+# ends sooner (1), DEMO_VAL_INTERVAL, DEMO_WORK_DIR (work_dirs/demo_<mode>), DEMO_DATA_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -39,6 +40,7 @@ if [ "$MODE" = det ]; then
            test_evaluator.ann_file="$DATA/annotations/instances_validation.json")
 fi
 [ -n "${DEMO_BUDGET_S:-}" ] && OPTS+=(custom_hooks.0.budget_s="$DEMO_BUDGET_S")
+[ -n "${DEMO_MIN_ITERS:-}" ] && OPTS+=(custom_hooks.0.min_iters="$DEMO_MIN_ITERS")
 [ -n "${DEMO_VAL_INTERVAL:-}" ] && OPTS+=(train_cfg.val_interval="$DEMO_VAL_INTERVAL")
 
 echo "[demo] training $CONFIG (work dir $WORK)"

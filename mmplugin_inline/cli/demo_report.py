@@ -133,6 +133,13 @@ def segmentation_pictures(cfg, checkpoint, num):
     return out
 
 
+def trained_iterations(checkpoint: str) -> int:
+    """The iterations the run had trained when ``checkpoint`` was saved (its ``meta``);
+    the logged training scalars only hold every ``LoggerHook.interval``-th."""
+    from mmplugin_inline.weights import load_run_checkpoint
+    return int(load_run_checkpoint(checkpoint, map_location='cpu')['meta']['iter'])
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -169,7 +176,7 @@ def main(argv=None):
 
     with open(osp.join(args.out_dir, 'metrics.json'), 'w') as f:
         history = [dict(step=r['step'], **{k: r[k] for k in keys if k in r}) for r in val]
-        json.dump(dict(final=final, iterations=train[-1]['step'] if train else 0,
+        json.dump(dict(final=final, iterations=trained_iterations(args.checkpoint),
                        validations=history), f, indent=1)
     print('final validation metrics: ' + ', '.join(
         f'{k} {final[k]:.3f}' for k in keys if k in final))

@@ -36,14 +36,20 @@ class TimeBudgetHook(Hook):
         warmup_iters (int): linear warm-up length. Default: 100.
         warmup_ratio (float): learning-rate factor at the first iteration. Default: 0.001.
         min_lr_ratio (float): factor at the end of the budget. Default: 0.01.
+        min_iters (int): iterations trained even when the budget ends sooner (a slow or
+            busy machine still gets through them); the config's ``max_iters`` stays the
+            ceiling of both. Default: 1.
     """
     priority = 'VERY_HIGH'
     STATE_KEY = 'time_budget'  # the hook's entry in a checkpoint
 
     def __init__(self, budget_s: float, warmup_iters: int = 100, warmup_ratio: float = 1e-3,
-                 min_lr_ratio: float = 0.01):
+                 min_lr_ratio: float = 0.01, min_iters: int = 1):
         if budget_s <= 0:
             raise ValueError(f'budget_s must be positive, got {budget_s}')
+        if int(min_iters) != min_iters or min_iters < 1:
+            raise ValueError(f'min_iters must be a whole number of at least 1, got {min_iters}')
+        self.min_iters = int(min_iters)
         self.budget_s, self.warmup_iters = float(budget_s), warmup_iters
         self.warmup_ratio, self.min_lr_ratio = warmup_ratio, min_lr_ratio
         self._start = None
@@ -128,9 +134,10 @@ class TimeBudgetHook(Hook):
         loop = runner.train_loop
         done = runner.iter + 1                      # iterations finished so far
         elapsed = self.shared_elapsed()
-        if elapsed >= self.budget_s:
+        floor = min(self.min_iters, self._ceiling)
+        if done >= self._ceiling or (elapsed >= self.budget_s and done >= floor):
             loop._max_iters = done                  # validate, save and stop after this one
             return
         rate = elapsed / done                       # seconds per iteration so far
-        estimate = done + int((self.budget_s - elapsed) / max(rate, 1e-6))
-        loop._max_iters = max(done + 1, min(self._ceiling, estimate))
+        estimate = done + int(max(self.budget_s - elapsed, 0.0) / max(rate, 1e-6))
+        loop._max_iters = min(self._ceiling, max(done + 1, floor, estimate))

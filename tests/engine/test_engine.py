@@ -87,6 +87,46 @@ def test_budget_must_be_positive():
         TimeBudgetHook(budget_s=0)
 
 
+def _loop_with(hook, max_iters, clock):
+    """Iterations a stand-in of mmengine's IterBasedTrainLoop runs under ``hook``, with
+    ``clock`` the seconds the hook reads (advanced 1 s an iteration)."""
+    from types import SimpleNamespace
+    from unittest import mock
+    loop = SimpleNamespace(max_iters=max_iters, _max_iters=max_iters)
+    group = dict(lr=0.1)
+    runner = SimpleNamespace(iter=0, train_loop=loop, logger=mock.Mock(),
+                             optim_wrapper=SimpleNamespace(
+                                 optimizer=SimpleNamespace(param_groups=[group])))
+    with mock.patch.object(time, 'monotonic', lambda: clock[0]):
+        hook.before_train(runner)
+        while runner.iter < loop._max_iters:
+            hook.before_train_iter(runner, runner.iter)
+            clock[0] += 1.0
+            hook.after_train_iter(runner, runner.iter)
+            runner.iter += 1
+    return runner.iter
+
+
+def test_the_configs_max_iters_stays_the_ceiling():
+    # a budget far from used up: the run still ends at the config's max_iters, not beyond
+    assert _loop_with(TimeBudgetHook(budget_s=1000, warmup_iters=0), 3, [0.0]) == 3
+    assert _loop_with(TimeBudgetHook(budget_s=1000, warmup_iters=0, min_iters=10), 3,
+                      [0.0]) == 3
+
+
+def test_min_iters_are_trained_when_the_budget_ends_sooner():
+    # 1 s an iteration against a 2.5 s budget: 3 iterations alone, 7 with min_iters=7
+    assert _loop_with(TimeBudgetHook(budget_s=2.5, warmup_iters=0), 100, [0.0]) == 3
+    assert _loop_with(TimeBudgetHook(budget_s=2.5, warmup_iters=0, min_iters=7), 100,
+                      [0.0]) == 7
+    # and past them the budget rules again: a longer budget, not min_iters, sets the end
+    assert _loop_with(TimeBudgetHook(budget_s=9.5, warmup_iters=0, min_iters=2), 100,
+                      [0.0]) == 10
+    for bad in (0, 2.5, -1):
+        with pytest.raises(ValueError, match='min_iters'):
+            TimeBudgetHook(budget_s=1, min_iters=bad)
+
+
 # --------------------------------------------------------------------------- resume
 
 class _LrRecord(Hook):
