@@ -32,6 +32,7 @@ from typing import List, Optional, Sequence, Tuple
 DEFAULT_TOLERANCE = 1e-4
 DEFAULT_OPSET = 18
 EXAMPLE_BATCH = 2
+INPUT_NAME = 'input'  # the graph's one input: the normalised image tensor
 
 
 def conv2d_dynamic_groups(input, weight, bias=None, stride=(1, 1), padding=(0, 0),
@@ -193,7 +194,7 @@ def export_onnx(module, shape: Tuple[int, int], out: str, opset: int = DEFAULT_O
                 in_channels: int = 3, batch: int = EXAMPLE_BATCH,
                 output_names: Optional[Sequence[str]] = None,
                 metadata: Optional[dict] = None) -> dict:
-    """Export ``module`` (eval mode, one image tensor ``inputs`` in) with dynamic H and W,
+    """Export ``module`` (eval mode, one image tensor ``input`` in) with dynamic H and W,
     and a dynamic batch unless ``batch`` is 1 (the whole detectors take one image).
 
     ``output_names`` name the graph's outputs; ``metadata`` (str -> str) is written into
@@ -225,7 +226,7 @@ def export_onnx(module, shape: Tuple[int, int], out: str, opset: int = DEFAULT_O
             'the model branches on that size; export at another --shape, or see the '
             'limits in the README (Deployment: ONNX)')
     program = torch.onnx.export(exported, (example,), dynamo=True, opset_version=opset,
-                                input_names=['inputs'],
+                                input_names=[INPUT_NAME],
                                 output_names=list(output_names) if output_names else None,
                                 optimize=False, verbose=False)
     optimize_program(program)
@@ -420,7 +421,7 @@ def verify_detector(model, path: str, inputs, iou: float = 0.99,
     rows = []
     for x in inputs:
         ref = torch_detections(model, x)
-        got = dict(zip(names, session.run(None, {'inputs': x.numpy()})))
+        got = dict(zip(names, session.run(None, {INPUT_NAME: x.numpy()})))
         row = match_detections(ref, got, iou, score_tol)
         row['hw'] = tuple(x.shape[2:])
         pairs = row.pop('pairs')
@@ -446,7 +447,7 @@ def verify_segmentor_labels(model, path: str, inputs) -> List[dict]:
                                              pad_shape=(h, w), padding_size=[0, 0, 0, 0]))
         with torch.no_grad():
             ref = model.predict(x, [sample])[0].pred_sem_seg.data[0].numpy()
-        out = session.run(None, {'inputs': x.numpy()})[0]          # [1, H, W]
+        out = session.run(None, {INPUT_NAME: x.numpy()})[0]          # [1, H, W]
         equal = float(np.mean(ref == out[0])) if (1,) + ref.shape == out.shape else None
         rows.append(dict(hw=(h, w), shape=ref.shape, onnx_shape=out.shape, equal=equal))
     return rows

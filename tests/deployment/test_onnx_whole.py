@@ -141,13 +141,16 @@ def test_cascade_mask_rcnn_exports_and_matches(tmp_path):
     _assert_standard_ops(path)
 
 
-def _assert_standard_ops(path):
-    """Only the default ONNX domain: no custom op library needed."""
+def _assert_standard_ops(path, detector=True):
+    """Only the default ONNX domain: no custom op library needed; one input, ``input``."""
     import onnx
     model = onnx.load(path, load_external_data=False)
+    assert [i.name for i in model.graph.input] == ['input']
     domains = {n.domain for n in model.graph.node} - {'', 'ai.onnx'}
     ops = {n.op_type for n in model.graph.node}
-    assert not domains and {'NonMaxSuppression', 'RoiAlign', 'TopK'} <= ops, (domains, ops)
+    assert not domains, domains
+    if detector:
+        assert {'NonMaxSuppression', 'RoiAlign', 'TopK'} <= ops, ops
 
 
 # the tiny Mask R-CNN's test-time resize (its config's 1333 x 800 would make the runtime
@@ -290,6 +293,7 @@ def test_cli_exports_segmentor_labels(tmp_path):
     print(text[-1000:])
     assert 'segmentor (label map)' in text and '| random 61x83 | 61x83 | 1x61x83 |' in text
     assert 'Verified: equal labels' in text
+    _assert_standard_ops(out, detector=False)
 
 
 def test_cli_rejects_bad_whole_model_options(tmp_path, capsys):
