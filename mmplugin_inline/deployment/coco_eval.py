@@ -27,7 +27,6 @@ def onnx_coco_results(onnx_path: str, ann_file: str, img_dir: str,
     session, record = runtime.load_session(onnx_path)
     if record['task'] != 'detection':
         raise ValueError(f'{onnx_path} is a {record["task"]} model, not a detector')
-    names = [o.name for o in session.get_outputs()]
     cat_ids = coco.getCatIds(catNms=record['classes'])
     if len(cat_ids) != len(record['classes']):
         raise ValueError(f'the annotation file has {len(cat_ids)} of the model\'s '
@@ -40,9 +39,10 @@ def onnx_coco_results(onnx_path: str, ann_file: str, img_dir: str,
         if image is None:
             raise ValueError(f'cannot read {osp.join(img_dir, info["file_name"])}')
         x, geometry = runtime.preprocess(image, record)
-        outputs = dict(zip(names, session.run(None, {session.get_inputs()[0].name: x})))
+        outputs = runtime.run_graph(session, x, geometry)
         results += [coco_result(d, img_id, cat_ids) for d in
-                    runtime.postprocess_detections(outputs, geometry, record['classes'])]
+                    runtime.postprocess_detections(outputs, geometry, record['classes'],
+                                                   record.get('mask_thr_binary', 0.5))]
     return results, coco, img_ids
 
 

@@ -21,21 +21,24 @@ masks are sampled over the whole image and then cut to the box's extent plus one
 where mmdet pastes them (a region of data-dependent size).
 """
 import math
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-#: what the exported detector returns, in this order
-DETECTOR_OUTPUTS = ('boxes', 'scores', 'labels', 'masks')
+#: what the exported detector returns, in this order (the last two with a mask head):
+#: ``mask_probs`` [N, m, m] are the mask head's probabilities of each detection's class,
+#: which a runtime pastes at the original image size as mmdet's ``rescale=True`` does
+DETECTOR_OUTPUTS = ('boxes', 'scores', 'labels', 'masks', 'mask_probs')
 
 
 def decode_deltas(priors: torch.Tensor, deltas: torch.Tensor, coder, max_hw: Tuple,
                   wh_ratio_clip: float = 16 / 1000) -> torch.Tensor:
     """mmdet's ``delta2bbox`` (``DeltaXYWHBBoxCoder.decode`` with the coder's means, stds
     and ``clip_border``) without its branch on an empty input: ``priors`` [n, 4] and
-    ``deltas`` [n, k * 4] -> boxes [n, k, 4], clipped to ``max_hw`` (H, W)."""
+    ``deltas`` [n, k * 4] -> boxes [n, k, 4], clipped to ``max_hw`` (H, W: ints, or
+    0-d tensors when the image's size is a graph input)."""
     deltas = deltas.unflatten(1, (-1, 4))                          # [n, k, 4]
     deltas = deltas * deltas.new_tensor(coder.stds) + deltas.new_tensor(coder.means)
     dxy, dwh = deltas[..., :2], deltas[..., 2:]
@@ -52,10 +55,17 @@ def decode_deltas(priors: torch.Tensor, deltas: torch.Tensor, coder, max_hw: Tup
     boxes = torch.cat([x1y1, x2y2], dim=-1)                         # [n, k, 4]
     if coder.clip_border:
         h, w = max_hw
-        x = boxes[..., 0::2].clamp(min=0, max=w)
-        y = boxes[..., 1::2].clamp(min=0, max=h)
+        x = _clamp(boxes[..., 0::2], w)
+        y = _clamp(boxes[..., 1::2], h)
         boxes = torch.stack([x[..., 0], y[..., 0], x[..., 1], y[..., 1]], dim=-1)
     return boxes
+
+
+def _clamp(values: torch.Tensor, upper) -> torch.Tensor:
+    """``values`` clamped to [0, ``upper``], an int or a 0-d tensor."""
+    if isinstance(upper, torch.Tensor):
+        return torch.minimum(values.clamp(min=0), upper.to(values.dtype))
+    return values.clamp(min=0, max=upper)
 
 
 def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, idxs: torch.Tensor,
@@ -139,10 +149,13 @@ class MultiLevelRoIAlign(nn.Module):
 
 
 def paste_masks(masks: torch.Tensor, boxes: torch.Tensor, hw: Tuple,
-                threshold: float) -> torch.Tensor:
-    """mmdet's ``_do_paste_mask`` over the whole image: ``masks`` [n, m, m] of
-    probabilities and ``boxes`` [n, 4] -> [n, H, W] bool (``>= threshold``)."""
+                threshold: float, img_hw: Optional[Tuple] = None) -> torch.Tensor:
+    """mmdet's ``_do_paste_mask`` over the whole input: ``masks`` [n, m, m] of
+    probabilities and ``boxes`` [n, 4] -> [n, H, W] bool (``>= threshold``) for an input
+    of ``hw``, zero outside the image's ``img_hw`` (ints or 0-d tensors; default ``hw``)
+    at its top left, where mmdet's mask of the image ends."""
     h, w = hw
+    img_h, img_w = img_hw if img_hw is not None else hw
     x0, y0, x1, y1 = boxes.split(1, dim=1)                          # [n, 1] each
     img_y = torch.arange(h, device=boxes.device).to(torch.float32) + 0.5
     img_x = torch.arange(w, device=boxes.device).to(torch.float32) + 0.5
@@ -160,8 +173,8 @@ def paste_masks(masks: torch.Tensor, boxes: torch.Tensor, hw: Tuple,
     # grid becomes 0, which would sample the mask's middle across the whole image)
     x_lo = (x0.floor() - 1).clamp(min=0)
     y_lo = (y0.floor() - 1).clamp(min=0)
-    x_hi = (x1.ceil() + 1).clamp(max=w)
-    y_hi = (y1.ceil() + 1).clamp(max=h)
+    x_hi = _clamp(x1.ceil() + 1, img_w)
+    y_hi = _clamp(y1.ceil() + 1, img_h)
     cols = torch.arange(w, device=boxes.device)[None, :]
     rows = torch.arange(h, device=boxes.device)[None, :]
     inside = ((rows >= y_lo) & (rows < y_hi))[:, :, None] & \
@@ -170,11 +183,14 @@ def paste_masks(masks: torch.Tensor, boxes: torch.Tensor, hw: Tuple,
 
 
 class TwoStageDetectorGraph(nn.Module):
-    """``forward(inputs)`` [1, 3, H, W] (the data preprocessor's output) -> ``boxes`` [N, 4]
-    (x1, y1, x2, y2 in input pixels), ``scores`` [N], ``labels`` [N] int64 and, for
-    detectors with a mask head, ``masks`` [N, H, W] bool: what mmdet's
-    ``predict(..., rescale=False)`` gives for an image of the input's size, after RPN,
-    the RoI head(s), NMS and mask pasting, under the model's ``test_cfg``.
+    """``forward(inputs, img_hw)``: the data preprocessor's output [1, 3, H, W] and the
+    height and width of the image inside it (int64 [2]: mmdet's ``img_shape``, the resized
+    image before the batch padding; ``[H, W]`` for an input that is not padded) ->
+    ``boxes`` [N, 4] (x1, y1, x2, y2 in input pixels, clipped to the image), ``scores``
+    [N], ``labels`` [N] int64 and, for detectors with a mask head, ``masks`` [N, H, W]
+    bool: what mmdet's ``predict(..., rescale=False)`` gives, after RPN, the RoI head(s),
+    NMS and mask pasting, under the model's ``test_cfg``. With a mask head it also returns
+    ``mask_probs`` [N, m, m], the probabilities that were pasted.
 
     Supported: ``TwoStageDetector`` with an ``RPNHead`` (sigmoid, delta coder) and a
     ``StandardRoIHead`` or ``CascadeRoIHead`` with box heads of softmax classes and delta
@@ -208,6 +224,14 @@ class TwoStageDetectorGraph(nn.Module):
             self.stage_loss_weights = list(roi.stage_loss_weights)
         self.rpn_cfg = detector.test_cfg.rpn
         self.rcnn_cfg = detector.test_cfg.rcnn
+
+    #: the graph's inputs, in the order of ``forward``
+    input_names = ('input', 'img_hw')
+
+    @staticmethod
+    def example_inputs(inputs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``forward``'s arguments for an unpadded ``inputs``."""
+        return inputs, torch.tensor(inputs.shape[2:], dtype=torch.int64)
 
     @property
     def output_names(self) -> List[str]:
@@ -287,7 +311,8 @@ class TwoStageDetectorGraph(nn.Module):
         return decode_deltas(priors, bbox_pred, head.bbox_coder, hw)[:, 0]
 
     # -- masks: StandardRoIHead / CascadeRoIHead.predict_mask, FCNMaskHead ------------
-    def masks(self, feats, boxes, labels, hw) -> torch.Tensor:
+    def masks(self, feats, boxes, labels, hw, img_hw) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The pasted masks [N, H, W] bool and the probabilities [N, m, m] pasted."""
         rois = torch.cat([boxes.new_zeros(boxes.shape[0], 1), boxes], dim=1)
         heads = self.detector.roi_head.mask_head
         heads = list(heads) if self.cascade else [heads]
@@ -298,16 +323,17 @@ class TwoStageDetectorGraph(nn.Module):
         prob = probs[0] if len(probs) == 1 else torch.stack(probs).mean(dim=0)
         index = labels[:, None, None, None].expand(-1, 1, *prob.shape[-2:])
         prob = prob.gather(1, index)[:, 0]                              # [N, m, m]
-        return paste_masks(prob, boxes, hw, self.rcnn_cfg.mask_thr_binary)
+        return paste_masks(prob, boxes, hw, self.rcnn_cfg.mask_thr_binary, img_hw), prob
 
-    def forward(self, inputs: torch.Tensor):
+    def forward(self, inputs: torch.Tensor, img_hw: torch.Tensor):
         hw = (inputs.shape[2], inputs.shape[3])
+        image = (img_hw[0], img_hw[1])                  # boxes are clipped to the image
         feats = self.detector.extract_feat(inputs)
-        proposals = self.proposals(feats, hw)
-        boxes, scores, labels = self.detect(feats, proposals, hw)
+        proposals = self.proposals(feats, image)
+        boxes, scores, labels = self.detect(feats, proposals, image)
         if not self.with_mask:
             return boxes, scores, labels
-        return boxes, scores, labels, self.masks(feats, boxes, labels, hw)
+        return (boxes, scores, labels) + self.masks(feats, boxes, labels, hw, image)
 
 
 def _check_coder(coder) -> None:
@@ -379,23 +405,30 @@ def match_detections(ref: Dict, got: Dict, iou: float = 0.99, score_tol: float =
     return dict(matched=len(pairs), ref=n, got=m, share=share, pairs=pairs)
 
 
-def detector_data_sample(hw: Tuple[int, int]):
-    """The ``DetDataSample`` of an input of size ``hw`` seen as the image itself (no
-    resize, no padding): what ``predict(..., rescale=False)`` needs."""
+def detector_data_sample(hw: Tuple[int, int], img_hw: Optional[Tuple[int, int]] = None):
+    """The ``DetDataSample`` of an input of size ``hw`` holding an image of ``img_hw``
+    (default: the whole input) at its top left, seen as the original (no resize): what
+    ``predict(..., rescale=False)`` needs."""
     from mmdet.structures import DetDataSample
     h, w = hw
-    return DetDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w),
+    img_hw = tuple(img_hw or hw)
+    return DetDataSample(metainfo=dict(img_shape=img_hw, ori_shape=img_hw, pad_shape=(h, w),
                                        batch_input_shape=(h, w), scale_factor=(1.0, 1.0)))
 
 
-def torch_detections(detector, inputs: torch.Tensor, sample=None) -> Dict:
-    """mmdet's ``predict(inputs, rescale=False)`` on one image as numpy ``boxes``,
-    ``scores``, ``labels`` (and ``masks``)."""
-    sample = sample or detector_data_sample(tuple(inputs.shape[2:]))
+def torch_detections(detector, inputs: torch.Tensor,
+                     img_hw: Optional[Tuple[int, int]] = None) -> Dict:
+    """mmdet's ``predict(inputs, rescale=False)`` on one image of ``img_hw`` (default:
+    the input's size) as numpy ``boxes``, ``scores``, ``labels`` (and ``masks``, padded
+    with zeros to the input's size)."""
+    import numpy as np
+    sample = detector_data_sample(tuple(inputs.shape[2:]), img_hw)
     with torch.no_grad():
         pred = detector.predict(inputs, [sample], rescale=False)[0].pred_instances
     out = dict(boxes=pred.bboxes.numpy(), scores=pred.scores.numpy(),
                labels=pred.labels.numpy())
     if 'masks' in pred:
-        out['masks'] = pred.masks.numpy()
+        masks = pred.masks.numpy()
+        out['masks'] = np.zeros((len(masks),) + tuple(inputs.shape[2:]), bool)
+        out['masks'][:, :masks.shape[1], :masks.shape[2]] = masks
     return out

@@ -209,10 +209,14 @@ def export_onnx(module, shape: Tuple[int, int], out: str, opset: int = DEFAULT_O
     module.eval()
     example = torch.randn(batch, in_channels, *shape,
                           generator=torch.Generator().manual_seed(0))
+    # a module with more inputs than the image (the whole detectors' img_hw) says so
+    args = module.example_inputs(example) if hasattr(module, 'example_inputs') else (example,)
+    input_names = list(getattr(module, 'input_names', [INPUT_NAME]))
     auto = torch.export.Dim.AUTO
     dims = {2: auto, 3: auto} if batch == 1 else {0: auto, 2: auto, 3: auto}
     with torch.no_grad(), exportable_upsampling(module):
-        exported = torch.export.export(module, (example,), dynamic_shapes=(dims,))
+        exported = torch.export.export(module, args,
+                                       dynamic_shapes=(dims,) + (None,) * (len(args) - 1))
         if _has_dynamic_group_conv(exported):  # the models' own residual writes its taps
             exported = exported.run_decompositions(
                 {torch.ops.aten.conv2d.default: conv2d_dynamic_groups})
@@ -225,8 +229,8 @@ def export_onnx(module, shape: Tuple[int, int], out: str, opset: int = DEFAULT_O
             f'({", ".join(describe_range(n, r) for n, r in zip(DIM_NAMES, ranges))}): '
             'the model branches on that size; export at another --shape, or see the '
             'limits in the README (Deployment: ONNX)')
-    program = torch.onnx.export(exported, (example,), dynamo=True, opset_version=opset,
-                                input_names=[INPUT_NAME],
+    program = torch.onnx.export(exported, args, dynamo=True, opset_version=opset,
+                                input_names=input_names,
                                 output_names=list(output_names) if output_names else None,
                                 optimize=False, verbose=False)
     optimize_program(program)
@@ -389,7 +393,8 @@ def random_inputs(shapes: Sequence[Tuple[int, int]], seed: int = 0, in_channels:
 
 def image_inputs(model, cfg, paths: Sequence[str]):
     """The config's test pipeline and the model's data preprocessor applied to each image:
-    one normalised, padded [1, 3, H, W] tensor per file (what ``tools/test.py`` feeds)."""
+    per file, the normalised, padded [1, 3, H, W] tensor (what ``tools/test.py`` feeds)
+    and the (h, w) of the resized image inside it (``img_shape``)."""
     import torch
     from mmengine.dataset import Compose
     from mmengine.registry import init_default_scope
@@ -403,25 +408,34 @@ def image_inputs(model, cfg, paths: Sequence[str]):
             data = pipeline(dict(img_path=path, img_id=0))
             batch = model.data_preprocessor(
                 dict(inputs=[data['inputs']], data_samples=[data['data_samples']]), False)
-            out.append(batch['inputs'])
+            out.append((batch['inputs'], tuple(batch['data_samples'][0].img_shape)))
     return out
+
+
+def _image_and_size(item):
+    """An item of :func:`random_inputs` (a tensor: the image is the whole input) or of
+    :func:`image_inputs` (the tensor and the size of the image inside its padding)."""
+    return item if isinstance(item, tuple) else (item, tuple(item.shape[2:]))
 
 
 def verify_detector(model, path: str, inputs, iou: float = 0.99,
                     score_tol: float = 1e-3) -> List[dict]:
-    """onnxruntime on ``path`` against mmdet's ``predict(rescale=False)`` on each tensor of
-    ``inputs`` (seen as the image: no resize, no padding); one row per input with the
-    counts of :func:`~.detector.match_detections` and, with masks, the share of equal
-    mask pixels over the matched detections."""
+    """onnxruntime on ``path`` against mmdet's ``predict(rescale=False)`` on each item of
+    ``inputs`` (a tensor, seen as the image; or a padded tensor and its image's size, as
+    :func:`image_inputs` gives); one row per input with the counts of
+    :func:`~.detector.match_detections` and, with masks, the share of equal mask pixels
+    over the matched detections."""
     import numpy as np
 
     from .detector import match_detections, torch_detections
     session = onnx_session(path)
     names = [o.name for o in session.get_outputs()]
     rows = []
-    for x in inputs:
-        ref = torch_detections(model, x)
-        got = dict(zip(names, session.run(None, {INPUT_NAME: x.numpy()})))
+    for item in inputs:
+        x, img_hw = _image_and_size(item)
+        ref = torch_detections(model, x, img_hw)
+        got = dict(zip(names, session.run(None, {
+            INPUT_NAME: x.numpy(), 'img_hw': np.array(img_hw, np.int64)})))
         row = match_detections(ref, got, iou, score_tol)
         row['hw'] = tuple(x.shape[2:])
         pairs = row.pop('pairs')
@@ -441,7 +455,8 @@ def verify_segmentor_labels(model, path: str, inputs) -> List[dict]:
     from mmseg.structures import SegDataSample
     session = onnx_session(path)
     rows = []
-    for x in inputs:
+    for item in inputs:
+        x, _ = _image_and_size(item)  # the whole input seen as the image, padding included
         h, w = x.shape[2:]
         sample = SegDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w),
                                              pad_shape=(h, w), padding_size=[0, 0, 0, 0]))
@@ -461,7 +476,8 @@ def deployment_metadata(cfg, codebase: str, task: str, outputs: Sequence[str]) -
     """What a runtime without mmdet / mmseg needs to feed the graph and read its outputs
     (``tools/deployment/onnx_inference.py``), as ``{METADATA_KEY: JSON}``: the task and
     output names, the data preprocessor's mean, std, BGR -> RGB swap, size divisor and pad
-    value, the test pipeline's ``Resize`` (scale, keep_ratio) and the class names.
+    value, the test pipeline's ``Resize`` (scale, keep_ratio), the class names and, for a
+    detector with ``mask_probs``, the mask head's ``mask_thr_binary``.
 
     Raises ValueError when the test pipeline resizes in a way this record cannot say.
     """
@@ -494,6 +510,8 @@ def deployment_metadata(cfg, codebase: str, task: str, outputs: Sequence[str]) -
         bgr_to_rgb=bool(pre.get('bgr_to_rgb', False)),
         size_divisor=int(divisor), pad_value=float(pad_value),
         resize=resize, classes=list(_class_names(cfg, codebase)))
+    if 'mask_probs' in outputs:  # the runtime pastes them at the original size
+        record['mask_thr_binary'] = float(cfg.model.test_cfg.rcnn.mask_thr_binary)
     return {METADATA_KEY: json.dumps(record)}
 
 

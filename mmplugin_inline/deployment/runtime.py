@@ -11,8 +11,10 @@ keep_ratio, as mmcv's ``imrescale`` / ``imresize``: bilinear, sizes rounded half
 data preprocessor's BGR -> RGB swap, mean and std, and the padding of the batch to a
 multiple of ``size_divisor`` (bottom and right, with ``pad_value`` after normalising).
 Detections come back in the resized image's pixels and are divided by the resize's scale
-factors; masks and label maps are cut to the resized image and resized (nearest) to the
-original.
+factors. A detector's masks are pasted from its ``mask_probs`` at the original size, with
+those boxes, as mmdet's ``predict(rescale=True)`` does (:func:`paste_mask`); a file without
+that output, and a segmentor's label map, are cut to the resized image and resized
+(nearest) to the original.
 """
 import json
 import os
@@ -88,6 +90,23 @@ def preprocess(image: np.ndarray, record: Dict) -> Tuple[np.ndarray, Dict]:
     return padded.transpose(2, 0, 1)[None].copy(), geometry
 
 
+def run_graph(session, x: np.ndarray, geometry: Dict) -> Dict[str, np.ndarray]:
+    """The graph's outputs by name for the input ``x`` of :func:`preprocess`. A whole
+    detector also takes ``img_hw``, the size of the resized image inside the padding
+    (boxes are clipped to it, as mmdet clips them to ``img_shape``)."""
+    feed = {}
+    for arg in session.get_inputs():
+        if arg.name == 'img_hw':
+            feed[arg.name] = np.array(geometry['img_hw'], np.int64)
+        elif not feed:
+            feed[arg.name] = x
+        else:
+            raise InferenceError(f'the graph has an input {arg.name!r} that this runtime does '
+                                 'not know (expected the image, and img_hw for a detector)')
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(None, feed)))
+
+
 def _to_original(plane: np.ndarray, geometry: Dict) -> np.ndarray:
     """A map of the padded input [H, W] cut to the resized image, resized (nearest) to the
     original size."""
@@ -98,6 +117,51 @@ def _to_original(plane: np.ndarray, geometry: Dict) -> np.ndarray:
     if (h, w) == (oh, ow):
         return cut
     return cv2.resize(cut, (ow, oh), interpolation=cv2.INTER_NEAREST)
+
+
+def _bilinear_weights(coords: np.ndarray, size: int) -> np.ndarray:
+    """[len(coords), size]: the weights with which bilinear sampling at ``coords`` (pixel
+    units of an axis of ``size`` samples, centres at i + 0.5) takes each sample; taps
+    outside the axis count as zeros (``grid_sample``'s zero padding)."""
+    pos = coords - 0.5
+    lo = np.floor(pos)
+    frac = (pos - lo).astype(np.float32)
+    lo = lo.astype(np.int64)
+    weights = np.zeros((len(coords), size), np.float32)
+    rows = np.arange(len(coords))
+    for index, weight in ((lo, 1 - frac), (lo + 1, frac)):
+        inside = (index >= 0) & (index < size)
+        weights[rows[inside], index[inside]] += weight[inside]
+    return weights
+
+
+def paste_mask(prob: np.ndarray, box: np.ndarray, hw: Tuple[int, int],
+               threshold: float) -> np.ndarray:
+    """mmdet's CPU mask paste (``_do_paste_mask`` with ``skip_empty``): the probabilities
+    ``prob`` [m, m] over ``box`` (x1, y1, x2, y2), sampled bilinearly at the pixel centres
+    of the box's extent plus one pixel, ``>= threshold`` -> a bool mask [H, W].
+
+    ``grid_sample`` on a grid whose x depends on the column only and y on the row only is
+    the product of two 1-D interpolations, which is what this computes.
+    """
+    h, w = hw
+    x0, y0, x1, y1 = (float(v) for v in box)
+    cx = np.arange(max(int(np.floor(x0)) - 1, 0), min(int(np.ceil(x1)) + 1, w))
+    cy = np.arange(max(int(np.floor(y0)) - 1, 0), min(int(np.ceil(y1)) + 1, h))
+    out = np.zeros((h, w), bool)
+    if not len(cx) or not len(cy):
+        return out
+    m_h, m_w = prob.shape
+    with np.errstate(divide='ignore', invalid='ignore'):
+        # the box's [x0, x1] spans the mask's width; a box of zero width maps to its middle
+        gx = np.nan_to_num((cx + 0.5 - x0) / (x1 - x0) * m_w, nan=m_w / 2,
+                           posinf=m_w / 2, neginf=m_w / 2)
+        gy = np.nan_to_num((cy + 0.5 - y0) / (y1 - y0) * m_h, nan=m_h / 2,
+                           posinf=m_h / 2, neginf=m_h / 2)
+    sampled = _bilinear_weights(gy, m_h) @ prob.astype(np.float32) @ \
+        _bilinear_weights(gx, m_w).T
+    out[cy[0]:cy[-1] + 1, cx[0]:cx[-1] + 1] = sampled >= threshold
+    return out
 
 
 def rle(mask: np.ndarray) -> Dict:
@@ -112,21 +176,25 @@ def rle(mask: np.ndarray) -> Dict:
 
 
 def postprocess_detections(outputs: Dict[str, np.ndarray], geometry: Dict,
-                           classes: List[str]) -> List[Dict]:
-    """The graph's ``boxes``, ``scores``, ``labels`` (``masks``) as detections in the
-    original image's coordinates: ``bbox`` [x1, y1, x2, y2], ``score``, ``label``,
-    ``class`` and, with masks, ``mask`` (COCO RLE at the original size)."""
+                           classes: List[str], mask_thr: float = 0.5) -> List[Dict]:
+    """The graph's ``boxes``, ``scores``, ``labels`` (``masks``, ``mask_probs``) as
+    detections in the original image's coordinates: ``bbox`` [x1, y1, x2, y2], ``score``,
+    ``label``, ``class`` and, with masks, ``mask`` (COCO RLE at the original size, pasted
+    from ``mask_probs`` at ``mask_thr`` when the graph has them)."""
     sx, sy = geometry['scale']
     oh, ow = geometry['ori_hw']
-    boxes = outputs['boxes'] / np.array([sx, sy, sx, sy], np.float32)
-    boxes = np.clip(boxes, 0, [ow, oh, ow, oh])
+    rescaled = outputs['boxes'] / np.array([sx, sy, sx, sy], np.float32)
+    boxes = np.clip(rescaled, 0, [ow, oh, ow, oh])
     dets = []
     for i, (box, score, label) in enumerate(zip(boxes, outputs['scores'], outputs['labels'])):
         d = dict(bbox=[round(float(v), 2) for v in box], score=round(float(score), 5),
                  label=int(label), **{'class': classes[label] if label < len(classes)
                                       else str(int(label))})
-        if 'masks' in outputs:
+        if 'mask_probs' in outputs:
+            mask = paste_mask(outputs['mask_probs'][i], rescaled[i], (oh, ow), mask_thr)
+        elif 'masks' in outputs:
             mask = _to_original(outputs['masks'][i].astype(np.uint8), geometry).astype(bool)
+        if 'masks' in outputs:
             d['mask'] = rle(mask)
             d['mask_area'] = int(mask.sum())
         dets.append(d)
@@ -162,14 +230,14 @@ def run_image(session, record: Dict, path: str, out_dir: str, score_thr: float) 
     if image is None:
         raise InferenceError(f'cannot read the image {path}')
     x, geometry = preprocess(image, record)
-    names = [o.name for o in session.get_outputs()]
-    outputs = dict(zip(names, session.run(None, {session.get_inputs()[0].name: x})))
+    outputs = run_graph(session, x, geometry)
     stem = osp.splitext(osp.basename(path))[0]
     classes = record.get('classes') or []
     result = dict(image=path, height=int(geometry['ori_hw'][0]),
                   width=int(geometry['ori_hw'][1]), input_shape=list(x.shape))
     if record['task'] == 'detection':
-        dets = [d for d in postprocess_detections(outputs, geometry, classes)
+        dets = [d for d in postprocess_detections(outputs, geometry, classes,
+                                                  record.get('mask_thr_binary', 0.5))
                 if d['score'] >= score_thr]
         masks = [_decode_rle(d['mask']) if 'mask' in d else None for d in dets]
         drawn = draw_detections(image, dets, masks, palette(len(classes)))

@@ -19,6 +19,7 @@ from helpers.tiny_models import REPO, shrink_model
 from helpers.tool_configs import tiny_sem_fpn
 from mmplugin_inline.deployment import detector as det
 from mmplugin_inline.deployment import onnx as export
+from mmplugin_inline.deployment import runtime
 
 pytest.importorskip('onnxruntime')
 # one worker runs this file: its slow tests share one export (a module fixture)
@@ -104,19 +105,26 @@ def test_paste_masks_is_mmdets_paste_and_threshold():
 
 @pytest.mark.parametrize('name', sorted(DETECTORS))
 def test_detector_graph_is_mmdets_predict(name):
-    """The tensor-only path in PyTorch, before any export: the same detections and masks."""
+    """The tensor-only path in PyTorch, before any export: the same detections and masks,
+    on inputs that are the image and on an image padded at the bottom and right (boxes
+    clipped to the image, masks zero in the padding)."""
     model = tiny_detector(name)
     graph = det.detector_graph(model).eval()
-    for x in _inputs():
-        ref = det.torch_detections(model, x)
+    padded = torch.randn(1, 3, 96, 128, generator=torch.Generator().manual_seed(2))
+    cases = [(x, tuple(x.shape[2:])) for x in _inputs()] + [(padded, (71, 101))]
+    for x, img_hw in cases:
+        ref = det.torch_detections(model, x, img_hw)
         with torch.no_grad():
-            got = dict(zip(graph.output_names, (t.numpy() for t in graph(x))))
+            got = dict(zip(graph.output_names, (t.numpy() for t in graph(
+                x, torch.tensor(img_hw)))))
         r = det.match_detections(ref, got)
         assert r['ref'] > 10 and r['share'] == 1.0, r
         assert got['labels'].dtype == np.int64 and got['masks'].dtype == np.bool_
         assert got['masks'].shape[1:] == tuple(x.shape[2:])
         pairs = r['pairs']
         assert all(np.array_equal(ref['masks'][i], got['masks'][j]) for i, j in pairs)
+        assert (got['boxes'] <= [img_hw[1], img_hw[0]] * 2).all()
+        assert not got['masks'][:, img_hw[0]:].any() and not got['masks'][:, :, img_hw[1]:].any()
 
 
 def test_unsupported_detectors_are_named():
@@ -142,10 +150,12 @@ def test_cascade_mask_rcnn_exports_and_matches(tmp_path):
 
 
 def _assert_standard_ops(path, detector=True):
-    """Only the default ONNX domain: no custom op library needed; one input, ``input``."""
+    """Only the default ONNX domain: no custom op library needed. The inputs: ``input``,
+    and a detector's ``img_hw``."""
     import onnx
     model = onnx.load(path, load_external_data=False)
-    assert [i.name for i in model.graph.input] == ['input']
+    assert [i.name for i in model.graph.input] == (['input', 'img_hw'] if detector
+                                                    else ['input'])
     domains = {n.domain for n in model.graph.node} - {'', 'ai.onnx'}
     ops = {n.op_type for n in model.graph.node}
     assert not domains, domains
@@ -233,18 +243,18 @@ def _mmdet_detections(config, checkpoint, path):
                                              data_samples=[data['data_samples']]), False)
         pred = model.predict(batch['inputs'], batch['data_samples'], rescale=True)[0]
     p = pred.pred_instances
-    return dict(boxes=p.bboxes.numpy(), scores=p.scores.numpy(), labels=p.labels.numpy())
+    return dict(boxes=p.bboxes.numpy(), scores=p.scores.numpy(), labels=p.labels.numpy(),
+                masks=p.masks.numpy())
 
 
 @pytest.mark.slow
 def test_onnx_inference_runs_without_torch_or_mmdet(mask_rcnn_export, tmp_path):
     """tools/deployment/onnx_inference.py with torch and mmdet blocked from import: its
-    detections, in the original image's coordinates, are mmdet's on the same files.
+    detections and masks, in the original image's coordinates, are mmdet's on the same
+    files (masks pasted at the original size, as ``predict(rescale=True)`` does).
 
-    a.jpg is scaled up, b.png down, both to 96 x 128 (no padding): there the graph sees
-    what mmdet sees. c.png is padded to 96 x 128 after its resize to 95 x 128; the graph
-    clips boxes to the padded input, mmdet to the resized image (the manual's limits), so
-    that one is checked for bounds only.
+    a.jpg is scaled up, b.png down, both to 96 x 128 (no padding); c.png is padded to
+    96 x 128 after its resize to 95 x 128 (the graph's img_hw).
     """
     import json
 
@@ -274,11 +284,12 @@ def test_onnx_inference_runs_without_torch_or_mmdet(mask_rcnn_export, tmp_path):
                    scores=np.array([d['score'] for d in dets]),
                    labels=np.array([d['label'] for d in dets]))
         assert (got['boxes'] >= 0).all() and (got['boxes'] <= [w, h, w, h]).all()
-        if name == 'c.png':
-            continue
         ref = _mmdet_detections(config, checkpoint, str(images / name))
         r = det.match_detections(ref, got, iou=0.99, score_tol=1e-3)
         assert r['ref'] > 10 and r['share'] >= 0.99, (name, r)
+        equal = [np.mean(ref['masks'][i] == runtime._decode_rle(dets[j]['mask']))
+                 for i, j in r['pairs']]
+        assert min(equal) >= 0.999 and np.mean(equal) >= 0.9999, (name, equal)
 
 
 @pytest.mark.slow
@@ -323,6 +334,32 @@ def test_onnx_inference_rejects_bad_input(tmp_path, capsys):
     assert 'ONNX file not found' in capsys.readouterr().err
 
 
+def test_runtime_paste_is_mmdets_paste_at_the_original_size():
+    """runtime.paste_mask (numpy) against mmdet's CPU ``_do_paste_mask`` (skip_empty),
+    mask by mask: boxes inside, across the border, sub-pixel and of zero width."""
+    from mmdet.models.roi_heads.mask_heads.fcn_mask_head import _do_paste_mask
+
+    gen = torch.Generator().manual_seed(0)
+    h, w = 57, 83
+    probs = torch.rand(40, 28, 28, generator=gen)
+    xy = torch.rand(40, 2, generator=gen) * torch.tensor([w + 10, h + 10]) - 5
+    wh = torch.rand(40, 2, generator=gen) * torch.tensor([w, h]) * 0.8
+    boxes = torch.cat([xy, xy + wh], 1)                      # some across the border
+    boxes = torch.minimum(boxes, torch.tensor([w - 1, h - 1, w + 3, h + 3]))
+    boxes[0] = torch.tensor([10.3, 20.7, 10.9, 21.1])        # under a pixel
+    boxes[1] = torch.tensor([30.0, 5.0, 30.0, 40.0])         # zero width
+    boxes[2] = torch.tensor([-20.0, -10.0, w + 20.0, h + 9])  # beyond the image
+    equal = []
+    for prob, box in zip(probs, boxes):
+        pasted, (ys, xs) = _do_paste_mask(prob[None, None], box[None], h, w, skip_empty=True)
+        ref = torch.zeros(h, w, dtype=torch.bool)
+        ref[ys, xs] = pasted[0] >= 0.5
+        got = runtime.paste_mask(prob.numpy(), box.numpy(), (h, w), 0.5)
+        equal.append(np.mean(got == ref.numpy()))
+    assert min(equal) >= 0.999 and np.mean(equal) >= 0.9999, equal
+    assert sum(e == 1.0 for e in equal) >= 38, equal
+
+
 def test_coco_scoring_of_runtime_detections(shapes):
     """Runtime-style detections (x1, y1, x2, y2, RLE of the runtime) made from the ground
     truth score 1.0 bbox and segm mAP through coco_eval; boxes moved by half their size
@@ -330,7 +367,7 @@ def test_coco_scoring_of_runtime_detections(shapes):
     import pycocotools.mask as mask_util
     from pycocotools.coco import COCO
 
-    from mmplugin_inline.deployment import coco_eval, runtime
+    from mmplugin_inline.deployment import coco_eval
     coco = COCO(osp.join(shapes, 'annotations', 'instances_validation.json'))
     cat_ids = sorted(coco.getCatIds())
     perfect, moved = [], []
