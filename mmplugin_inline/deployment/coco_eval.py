@@ -41,8 +41,7 @@ def onnx_coco_results(onnx_path: str, ann_file: str, img_dir: str,
         x, geometry = runtime.preprocess(image, record)
         outputs = runtime.run_graph(session, x, geometry)
         results += [coco_result(d, img_id, cat_ids) for d in
-                    runtime.postprocess_detections(outputs, geometry, record['classes'],
-                                                   record.get('mask_thr_binary', 0.5))]
+                    runtime.postprocess_detections(outputs, geometry, record)]
     return results, coco, img_ids
 
 

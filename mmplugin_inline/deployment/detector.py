@@ -27,6 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .onnx import INPUT_NAME
+
 #: what the exported detector returns, in this order (the last two with a mask head):
 #: ``mask_probs`` [N, m, m] are the mask head's probabilities of each detection's class,
 #: which a runtime pastes at the original image size as mmdet's ``rescale=True`` does
@@ -226,7 +228,7 @@ class TwoStageDetectorGraph(nn.Module):
         self.rcnn_cfg = detector.test_cfg.rcnn
 
     #: the graph's inputs, in the order of ``forward``
-    input_names = ('input', 'img_hw')
+    input_names = (INPUT_NAME, 'img_hw')
 
     @staticmethod
     def example_inputs(inputs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

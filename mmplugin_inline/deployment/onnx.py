@@ -32,7 +32,7 @@ from typing import List, Optional, Sequence, Tuple
 DEFAULT_TOLERANCE = 1e-4
 DEFAULT_OPSET = 18
 EXAMPLE_BATCH = 2
-INPUT_NAME = 'input'  # the graph's one input: the normalised image tensor
+INPUT_NAME = 'input'  # the graph's image input: the normalised image tensor
 
 
 def conv2d_dynamic_groups(input, weight, bias=None, stride=(1, 1), padding=(0, 0),
@@ -427,15 +427,16 @@ def verify_detector(model, path: str, inputs, iou: float = 0.99,
     over the matched detections."""
     import numpy as np
 
-    from .detector import match_detections, torch_detections
+    from .detector import TwoStageDetectorGraph, match_detections, torch_detections
     session = onnx_session(path)
     names = [o.name for o in session.get_outputs()]
     rows = []
     for item in inputs:
         x, img_hw = _image_and_size(item)
         ref = torch_detections(model, x, img_hw)
-        got = dict(zip(names, session.run(None, {
-            INPUT_NAME: x.numpy(), 'img_hw': np.array(img_hw, np.int64)})))
+        feed = dict(zip(TwoStageDetectorGraph.input_names,
+                        (x.numpy(), np.array(img_hw, np.int64))))
+        got = dict(zip(names, session.run(None, feed)))
         row = match_detections(ref, got, iou, score_tol)
         row['hw'] = tuple(x.shape[2:])
         pairs = row.pop('pairs')

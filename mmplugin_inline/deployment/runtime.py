@@ -176,11 +176,13 @@ def rle(mask: np.ndarray) -> Dict:
 
 
 def postprocess_detections(outputs: Dict[str, np.ndarray], geometry: Dict,
-                           classes: List[str], mask_thr: float = 0.5) -> List[Dict]:
+                           record: Dict) -> List[Dict]:
     """The graph's ``boxes``, ``scores``, ``labels`` (``masks``, ``mask_probs``) as
     detections in the original image's coordinates: ``bbox`` [x1, y1, x2, y2], ``score``,
-    ``label``, ``class`` and, with masks, ``mask`` (COCO RLE at the original size, pasted
-    from ``mask_probs`` at ``mask_thr`` when the graph has them)."""
+    ``label``, ``class`` (the ``record``'s names) and, with masks, ``mask`` (COCO RLE at the
+    original size, pasted from ``mask_probs`` at the record's ``mask_thr_binary`` when the
+    graph has them)."""
+    classes = record.get('classes') or []
     sx, sy = geometry['scale']
     oh, ow = geometry['ori_hw']
     rescaled = outputs['boxes'] / np.array([sx, sy, sx, sy], np.float32)
@@ -190,13 +192,14 @@ def postprocess_detections(outputs: Dict[str, np.ndarray], geometry: Dict,
         d = dict(bbox=[round(float(v), 2) for v in box], score=round(float(score), 5),
                  label=int(label), **{'class': classes[label] if label < len(classes)
                                       else str(int(label))})
+        mask = None
         if 'mask_probs' in outputs:
-            mask = paste_mask(outputs['mask_probs'][i], rescaled[i], (oh, ow), mask_thr)
-        elif 'masks' in outputs:
+            mask = paste_mask(outputs['mask_probs'][i], rescaled[i], (oh, ow),
+                              record['mask_thr_binary'])
+        elif 'masks' in outputs:  # a file exported before mask_probs
             mask = _to_original(outputs['masks'][i].astype(np.uint8), geometry).astype(bool)
-        if 'masks' in outputs:
-            d['mask'] = rle(mask)
-            d['mask_area'] = int(mask.sum())
+        if mask is not None:
+            d.update(mask=rle(mask), mask_area=int(mask.sum()))
         dets.append(d)
     return dets
 
@@ -236,8 +239,7 @@ def run_image(session, record: Dict, path: str, out_dir: str, score_thr: float) 
     result = dict(image=path, height=int(geometry['ori_hw'][0]),
                   width=int(geometry['ori_hw'][1]), input_shape=list(x.shape))
     if record['task'] == 'detection':
-        dets = [d for d in postprocess_detections(outputs, geometry, classes,
-                                                  record.get('mask_thr_binary', 0.5))
+        dets = [d for d in postprocess_detections(outputs, geometry, record)
                 if d['score'] >= score_thr]
         masks = [_decode_rle(d['mask']) if 'mask' in d else None for d in dets]
         drawn = draw_detections(image, dets, masks, palette(len(classes)))

@@ -87,16 +87,23 @@ def test_budget_must_be_positive():
         TimeBudgetHook(budget_s=0)
 
 
-def _loop_with(hook, max_iters, clock):
-    """Iterations a stand-in of mmengine's IterBasedTrainLoop runs under ``hook``, with
-    ``clock`` the seconds the hook reads (advanced 1 s an iteration)."""
+def _stand_in_runner(max_iters, group):
+    """What TimeBudgetHook reads of a runner: the iteration, the train loop's
+    ``max_iters`` / ``_max_iters``, a logger and one optimizer parameter group."""
     from types import SimpleNamespace
     from unittest import mock
     loop = SimpleNamespace(max_iters=max_iters, _max_iters=max_iters)
-    group = dict(lr=0.1)
-    runner = SimpleNamespace(iter=0, train_loop=loop, logger=mock.Mock(),
-                             optim_wrapper=SimpleNamespace(
-                                 optimizer=SimpleNamespace(param_groups=[group])))
+    return SimpleNamespace(iter=0, train_loop=loop, logger=mock.Mock(),
+                           optim_wrapper=SimpleNamespace(
+                               optimizer=SimpleNamespace(param_groups=[group])))
+
+
+def _loop_with(hook, max_iters, clock):
+    """Iterations a stand-in of mmengine's IterBasedTrainLoop runs under ``hook``, with
+    ``clock`` the seconds the hook reads (advanced 1 s an iteration)."""
+    from unittest import mock
+    runner = _stand_in_runner(max_iters, dict(lr=0.1))
+    loop = runner.train_loop
     with mock.patch.object(time, 'monotonic', lambda: clock[0]):
         hook.before_train(runner)
         while runner.iter < loop._max_iters:
@@ -242,7 +249,6 @@ def _budget_rank(rank, rendezvous, skew_s, results):
     """One of two gloo processes running TimeBudgetHook on a stand-in runner; once
     training has started, rank 1's clock jumps ``skew_s`` ahead (its own reading of the
     budget is used up: a process that started its clock earlier, or was held up)."""
-    from types import SimpleNamespace
     from unittest import mock
 
     import torch
@@ -255,10 +261,8 @@ def _budget_rank(rank, rendezvous, skew_s, results):
         offset = [0.0]
         with mock.patch.object(time, 'monotonic', lambda: time.perf_counter() + offset[0]):
             group = dict(params=[torch.zeros(1)], lr=0.1)
-            loop = SimpleNamespace(max_iters=100, _max_iters=100)
-            runner = SimpleNamespace(iter=0, train_loop=loop, logger=mock.Mock(),
-                                     optim_wrapper=SimpleNamespace(
-                                         optimizer=SimpleNamespace(param_groups=[group])))
+            runner = _stand_in_runner(100, group)
+            loop = runner.train_loop
             hook = TimeBudgetHook(budget_s=30.0, warmup_iters=0)
             hook.before_train(runner)
             offset[0] = skew_s if rank == 1 else 0.0
