@@ -1,9 +1,23 @@
-# The two commands of the README: `make demo` and `make test`. Both set up .venv/ first
+# The two commands of the README: `make demo` and `make test`. Both set up the venv first
 # (idempotent: seconds when it is already there).
-PY := .venv/bin/python
+#
+# STACK picks the OpenMMLab line (docs/environments.md): official (default; .venv/, torch
+# 2.14, mmcv 2.1 / mmdet 3.3 / mmseg 1.2) or onedl (.venv-onedl/, torch 2.9, the maintained
+# fork: onedl-mmcv 2.3 / mmdet 3.5 / mmseg 1.4). E.g. `make setup STACK=onedl`,
+# `make test STACK=onedl`.
+STACK ?= official
+ifeq ($(STACK),onedl)
+VENV := .venv-onedl
+else ifeq ($(STACK),official)
+VENV := .venv
+else
+$(error STACK must be official or onedl, not '$(STACK)')
+endif
+PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+export STACK
 
-.PHONY: setup demo demo-seg test test-fast lint docs env gpu-check clean
+.PHONY: setup demo demo-seg test test-fast test-e2e lint docs env gpu-check clean
 
 setup:
 	bash scripts/setup_env.sh
@@ -26,6 +40,12 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -m "not slow and not cuda" $(PYTEST_ARGS)
 
+# the end-to-end runs of a second environment in CI: train, resume (ours and the stock
+# tools/train.py), test, the demo, DDP, whole-detector ONNX export and its runtime, mim
+test-e2e: setup
+	$(PY) -m pytest -n 2 --dist loadgroup -m "slow and not cuda" tests/e2e tests/engine \
+		tests/deployment/test_onnx_whole.py $(PYTEST_ARGS)
+
 # ruff (pinned in requirements/pinned.txt, configured in pyproject.toml): pyflakes,
 # pycodestyle, import order and the bugbear checks that fit; CI runs it before the tests
 lint: setup
@@ -42,4 +62,4 @@ gpu-check:
 	$(PY) scripts/gpu_check.py --out-dir work_dirs/gpu_check
 
 clean:
-	rm -rf .venv build *.egg-info .pytest_cache docs/_build docs/_generated
+	rm -rf .venv .venv-onedl build *.egg-info .pytest_cache docs/_build docs/_generated

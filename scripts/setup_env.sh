@@ -1,28 +1,42 @@
 #!/usr/bin/env bash
-# Create .venv/ in the repository root and install the pinned stack into it.
+# Create a virtual environment in the repository root and install one pinned OpenMMLab
+# line into it (docs/environments.md has the matrix):
 #
-# Idempotent: when .venv/ already holds exactly what requirements/pinned.txt,
-# setup.cfg, setup.py and this script ask for, it says so and returns in about a second.
+#   STACK=official (default)  .venv/        requirements/pinned.txt        mmcv 2.1 / mmdet 3.3
+#                                            / mmseg 1.2 on torch 2.14
+#   STACK=onedl               .venv-onedl/  requirements/pinned-onedl.txt  the maintained fork
+#                                            (onedl-mmcv 2.3 / mmdet 3.5 / mmseg 1.4) on torch 2.9
 #
-# mmcv 2.1.0 has no CPU wheel on the package index, so it is built from its sdist with
-# the compiled ops (mmcv.ops.RoIAlign, nms, ... are needed by Mask R-CNN). The wheel is
-# cached outside the repository, keyed by the mmcv, torch and Python versions, so the
-# build (several minutes on 2 cores) happens once per machine.
+# Idempotent: when the venv already holds exactly what its pins, setup.cfg, setup.py and
+# this script ask for, it says so and returns in about a second.
+#
+# Neither line has a CPU wheel of mmcv with its ops on the package index, so mmcv is built
+# from its sdist with the compiled ops (mmcv.ops.RoIAlign, nms, ... are needed by Mask
+# R-CNN). The wheel is cached outside the repository, keyed by the mmcv distribution and
+# version, torch and Python, so the build (7 to 15 minutes on 2 cores) happens once per
+# machine.
 #
 # Environment knobs:
+#   STACK                   official | onedl (default: official)
 #   PYTHON                  interpreter used to create the venv (default: python3)
 #   MMPLUGIN_INLINE_CACHE   wheel cache (default: ~/.cache/mmplugin_inline)
 #   MAX_JOBS                parallel compile jobs for the mmcv build (default: nproc)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/.venv"
-PINS="$ROOT/requirements/pinned.txt"
+STACK="${STACK:-official}"
+case "$STACK" in
+    official) VENV="$ROOT/.venv";       PINS="$ROOT/requirements/pinned.txt"
+              MMCV_DIST=mmcv;       MIM_DIST=openmim ;;
+    onedl)    VENV="$ROOT/.venv-onedl"; PINS="$ROOT/requirements/pinned-onedl.txt"
+              MMCV_DIST=onedl-mmcv; MIM_DIST=onedl-mim ;;
+    *) echo "setup: unknown STACK '$STACK' (official or onedl)" >&2; exit 2 ;;
+esac
 CACHE="${MMPLUGIN_INLINE_CACHE:-$HOME/.cache/mmplugin_inline}"
 PYTHON="${PYTHON:-python3}"
 STAMP="$VENV/.mmplugin_inline.stamp"
 
-say() { printf '[setup] %s\n' "$*"; }
+say() { printf '[setup:%s] %s\n' "$STACK" "$*"; }
 
 pin() {  # pin NAME -> the exact version from requirements/pinned.txt
     local v
@@ -37,44 +51,48 @@ want_stamp() {
 }
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(want_stamp)" ] && [ -x "$VENV/bin/python" ]; then
-    say "environment .venv/ is up to date (delete .venv/ to rebuild it)"
+    say "environment $(basename "$VENV")/ is up to date (delete it to rebuild it)"
     exit 0
 fi
 
 if [ ! -x "$VENV/bin/python" ]; then
-    say "creating virtual environment .venv/ with $($PYTHON --version 2>&1)"
+    say "creating virtual environment $(basename "$VENV")/ with $($PYTHON --version 2>&1)"
     "$PYTHON" -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip install --disable-pip-version-check --progress-bar off)
 
-TORCH=$(pin torch); TV=$(pin torchvision); MMCV=$(pin mmcv)
+TORCH=$(pin torch); TV=$(pin torchvision); MMCV=$(pin "$MMCV_DIST")
 say "installing torch $TORCH and torchvision $TV (large; from local files when the machine has them)"
 "${PIP[@]}" "torch==$TORCH" "torchvision==$TV" "numpy==$(pin numpy)"
 
 say "installing build tools and mmengine"
 "${PIP[@]}" "setuptools==$(pin setuptools)" "wheel==$(pin wheel)" "ninja==$(pin ninja)" \
-    "mmengine==$(pin mmengine)"
+    "$(grep -E '^(onedl-)?mmengine==' "$PINS")"
 
 if "$PY" -c "import mmcv, mmcv._ext, sys; sys.exit(mmcv.__version__ != '$MMCV')" 2>/dev/null; then
     say "mmcv $MMCV with compiled ops is already installed"
 else
     PYTAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-    KEY="mmcv-$MMCV-torch-$TORCH-$PYTAG-$(uname -m)"
+    KEY="$MMCV_DIST-$MMCV-torch-$TORCH-$PYTAG-$(uname -m)"
     WHEEL_DIR="$CACHE/$KEY"
-    WHEEL=$(ls "$WHEEL_DIR"/mmcv-*.whl 2>/dev/null | head -n 1 || true)
+    WHEEL=$(ls "$WHEEL_DIR"/*mmcv-*.whl 2>/dev/null | head -n 1 || true)
     if [ -z "$WHEEL" ]; then
-        say "no cached mmcv wheel in $WHEEL_DIR: building mmcv $MMCV with ops from source"
-        say "this compiles ~100 C++ files and takes about 7-10 minutes on 2 cores (once per machine)"
+        say "no cached mmcv wheel in $WHEEL_DIR: building $MMCV_DIST $MMCV with ops from source"
+        say "this compiles ~100 C++ files and takes about 7-15 minutes on 2 cores (once per machine)"
         BUILD=$(mktemp -d)
         trap 'rm -rf "$BUILD"' EXIT
-        "$PY" -m pip download --disable-pip-version-check --no-deps --no-binary mmcv \
-            -d "$BUILD" "mmcv==$MMCV"
-        tar -xzf "$BUILD"/mmcv-"$MMCV".tar.gz -C "$BUILD"
-        SRC="$BUILD/mmcv-$MMCV"
-        # torch >= 2.10 headers require C++20 ('#error C++20 or later'); mmcv 2.1.0 hard-codes c++17.
-        sed -i 's/-std=c++17/-std=c++20/g' "$SRC/setup.py"
-        grep -q 'c++20' "$SRC/setup.py" || { echo "setup: could not patch mmcv's C++ standard" >&2; exit 1; }
+        "$PY" -m pip download --disable-pip-version-check --no-deps --no-binary "$MMCV_DIST" \
+            -d "$BUILD" "$MMCV_DIST==$MMCV"
+        tar -xzf "$BUILD"/*mmcv-"$MMCV".tar.gz -C "$BUILD"
+        SRC=$(ls -d "$BUILD"/*mmcv-"$MMCV")
+        # torch >= 2.10 headers require C++20 ('#error C++20 or later'); both lines' mmcv
+        # hard-code c++17 (older torch keeps the sources as published).
+        if "$PY" -c "import sys, torch; sys.exit(tuple(map(int, torch.__version__.split('.')[:2])) < (2, 10))"; then
+            sed -i 's/-std=c++17/-std=c++20/g' "$SRC/setup.py"
+            grep -q 'c++20' "$SRC/setup.py" || { echo "setup: could not patch mmcv's C++ standard" >&2; exit 1; }
+            say "patched $MMCV_DIST's setup.py for C++20 (torch $TORCH)"
+        fi
         START=$(date +%s)
         # CFLAGS replaces Python's default flags (-g -O3 ...): no debug info, same optimisation.
         # That cuts the build several-fold and keeps the ops as fast.
@@ -83,8 +101,8 @@ else
             "$PY" -m pip wheel --disable-pip-version-check --no-build-isolation --no-deps \
             -w "$BUILD/dist" . )
         mkdir -p "$WHEEL_DIR"
-        cp "$BUILD"/dist/mmcv-*.whl "$WHEEL_DIR/"
-        WHEEL=$(ls "$WHEEL_DIR"/mmcv-*.whl | head -n 1)
+        cp "$BUILD"/dist/*mmcv-*.whl "$WHEEL_DIR/"
+        WHEEL=$(ls "$WHEEL_DIR"/*mmcv-*.whl | head -n 1)
         say "built $(basename "$WHEEL") in $(( $(date +%s) - START )) s, cached in $WHEEL_DIR"
     else
         say "using cached mmcv wheel $WHEEL"
@@ -98,9 +116,9 @@ say "installing mmdet, mmsegmentation, timm, mim, test tools and the plugin (edi
 # Every pin except those installed above; mmcv is already here, so pip only checks it.
 # openmim is left out: its dependency opendatalab pins setuptools~=60.2 (which breaks
 # torch), so it is installed alone with --no-deps; its real needs are pinned.
-grep -v -E '^\s*(#|$)' "$PINS" | grep -v -E '^openmim==' > "$VENV/.pins.txt"
+grep -v -E '^\s*(#|$)' "$PINS" | grep -v -E "^$MIM_DIST==" > "$VENV/.pins.txt"
 "${PIP[@]}" -r "$VENV/.pins.txt"
-"${PIP[@]}" --no-deps "openmim==$(pin openmim)"
+"${PIP[@]}" --no-deps "$MIM_DIST==$(pin "$MIM_DIST")"
 # setup.py links configs/, tools/, demo/ and model-index.yml into mmplugin_inline/.mim/.
 # mim looks for them in <location of the dist-info>/mmplugin_inline/.mim, and an editable
 # install keeps its dist-info in site-packages. So: the compat editable mode (a .pth that
@@ -123,4 +141,4 @@ say "checking the installed stack"
 "$PY" -m mmplugin_inline.utils.env_check
 
 want_stamp > "$STAMP"
-say "done: activate with 'source .venv/bin/activate'"
+say "done: activate with 'source $(basename "$VENV")/bin/activate'"

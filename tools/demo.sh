@@ -5,10 +5,12 @@
 #
 # Knobs (environment): DEMO_TRAIN / DEMO_VAL images (700 / 100), DEMO_BUDGET_S seconds
 # of training (the config's), DEMO_MIN_ITERS iterations trained even when the budget
-# ends sooner (1), DEMO_VAL_INTERVAL, DEMO_WORK_DIR (work_dirs/demo_<mode>), DEMO_DATA_DIR.
+# ends sooner (1), DEMO_VAL_INTERVAL, DEMO_WORK_DIR (work_dirs/demo_<mode>), DEMO_DATA_DIR;
+# STACK=onedl runs it in .venv-onedl/ (`make demo STACK=onedl`), PY any other interpreter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=.venv/bin/python
+case "${STACK:-official}" in onedl) VENV=.venv-onedl ;; *) VENV=.venv ;; esac
+PY=${PY:-$VENV/bin/python}
 MODE=${1:-det}
 case "$MODE" in
     det) CONFIG=configs/demo/mask-rcnn_inline-pvt-t_fpn_shapes-demo.py; FORMAT=coco ;;

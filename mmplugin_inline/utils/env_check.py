@@ -8,19 +8,29 @@ It prints the versions it found and, for every problem, what it means and how to
 it, and exits with status 1 when there is a problem. ``tools/*.py`` call
 :func:`assert_environment` before they import mmdet / mmseg, so a broken install is
 reported as one readable message instead of a stack trace from deep inside mmcv.
+
+Two OpenMMLab lines are supported (:mod:`.stacks`): the official releases and the
+maintained fork (``onedl-*``). The check names the line it found, holds each package to
+that line's own versions, and refuses a mix of the two.
 """
 import importlib
 import sys
 from typing import List, Optional, Tuple
 
-# mmdet 3.x and mmsegmentation 1.x both refuse mmcv >= 2.2.0.
-MMCV_MIN = '2.0.0rc4'
-MMCV_MAX = '2.2.0'
+from . import stacks
 
-SETUP_HINT = ('Run `make setup` (or `bash scripts/setup_env.sh`) in the mmplugin_inline '
-              'checkout: it builds mmcv with its ops for this torch and caches the wheel. '
-              'On a GPU machine install a CUDA build of mmcv instead, e.g. '
-              '`pip install -U openmim && mim install "mmcv>=2.0.0,<2.2.0"`.')
+SETUP_HINTS = {
+    stacks.OFFICIAL: (
+        'Run `make setup` (or `bash scripts/setup_env.sh`) in the mmplugin_inline checkout: '
+        'it builds mmcv with its ops for this torch and caches the wheel. On a GPU machine '
+        'install a CUDA build of mmcv instead, e.g. `pip install -U openmim && mim install '
+        '"mmcv>=2.0.0,<2.2.0"` (docs/environments.md).'),
+    stacks.ONEDL: (
+        'Run `make setup STACK=onedl` in the mmplugin_inline checkout: it builds onedl-mmcv '
+        'with its ops for this torch and caches the wheel. On a GPU machine build it with '
+        'FORCE_CUDA=1 (docs/environments.md).'),
+}
+SETUP_HINT = SETUP_HINTS[stacks.OFFICIAL]
 
 
 def _version_tuple(version: str) -> Tuple:
@@ -44,26 +54,28 @@ def collect_problems() -> Tuple[List[str], List[str]]:
         ``name version`` lines, ``problems`` holds one explanatory message per problem.
     """
     found, problems = [], []
+    line, line_problems = stacks.detect_line()
+    if line is not None:
+        found.append(f'OpenMMLab line: {stacks.LINE_NAMES[line]}')
+    problems += line_problems
+    hint = SETUP_HINTS[line or stacks.OFFICIAL]
     torch, err = _try_import('torch')
     if torch is None:
-        return found, [f'PyTorch does not import ({err}). {SETUP_HINT}']
+        return found, problems + [f'PyTorch does not import ({err}). {hint}']
     found.append(f'torch {torch.__version__} (CUDA available: {torch.cuda.is_available()})')
 
     mmengine, err = _try_import('mmengine')
     if mmengine is None:
-        return found, [f'mmengine does not import ({err}). {SETUP_HINT}']
+        return found, problems + [f'mmengine does not import ({err}). {hint}']
     found.append(f'mmengine {mmengine.__version__}')
+    problems += _range_problems('mmengine', mmengine.__version__, line, hint)
 
     mmcv, err = _try_import('mmcv')
     if mmcv is None:
-        problems.append(f'mmcv does not import ({err}). {SETUP_HINT}')
+        problems.append(f'mmcv does not import ({err}). {hint}')
     else:
         found.append(f'mmcv {mmcv.__version__}')
-        if not (_version_tuple(MMCV_MIN) <= _version_tuple(mmcv.__version__)
-                < _version_tuple(MMCV_MAX)):
-            problems.append(
-                f'mmcv {mmcv.__version__} is installed, but mmdet 3.x and mmsegmentation 1.x '
-                f'need {MMCV_MIN} <= mmcv < {MMCV_MAX}. {SETUP_HINT}')
+        problems += _range_problems('mmcv', mmcv.__version__, line, hint)
         _, err = _try_import('mmcv._ext')
         if err is not None:
             if 'No module named' in str(err):
@@ -73,7 +85,7 @@ def collect_problems() -> Tuple[List[str], List[str]]:
             else:
                 why = (f'mmcv\'s compiled ops fail to load ({err}): the mmcv binary was built '
                        'for another torch version. Rebuild it for the installed torch.')
-            problems.append(f'{why} {SETUP_HINT}')
+            problems.append(f'{why} {hint}')
 
     for pkg, label in (('mmdet', 'mmdet'), ('mmseg', 'mmsegmentation')):
         mod, err = _try_import(pkg)
@@ -82,10 +94,32 @@ def collect_problems() -> Tuple[List[str], List[str]]:
                 found.append(f'{label} not installed')
             else:
                 problems.append(f'{label} is installed but does not import ({err}). '
-                                f'{SETUP_HINT}')
+                                f'{hint}')
             continue
         found.append(f'{label} {mod.__version__}')
+        problems += _range_problems(pkg, mod.__version__, line, hint)
     return found, problems
+
+
+def _range_problems(module: str, version: str, line: Optional[str], hint: str) -> List[str]:
+    """A problem when ``version`` of ``module`` lies outside its line's supported range.
+
+    Without a known line (no distribution metadata, e.g. a source checkout on PYTHONPATH)
+    a version is accepted when either line supports it.
+    """
+    comp = stacks.COMPONENT[module]
+    lines = [line] if line is not None else list(comp.ranges)
+    for candidate in lines:
+        low, high = comp.ranges[candidate]
+        if _version_tuple(low) <= _version_tuple(version) < _version_tuple(high):
+            return []
+    if line is None:
+        need = ' or '.join(f'{low} <= {comp.label} < {high} ({stacks.LINE_NAMES[ln]})'
+                           for ln, (low, high) in comp.ranges.items())
+    else:
+        low, high = comp.ranges[line]
+        need = f'{low} <= {comp.label} < {high} for {stacks.LINE_NAMES[line]}'
+    return [f'{comp.label} {version} is installed, but mmplugin_inline needs {need}. {hint}']
 
 
 def environment_report() -> Tuple[str, bool]:
@@ -101,11 +135,16 @@ def environment_report() -> Tuple[str, bool]:
 
 
 def assert_environment(stream=None) -> None:
-    """Exit with a readable explanation when the stack is broken (used by tools/)."""
+    """Exit with a readable explanation when the stack is broken (used by tools/).
+
+    On a usable stack it also lets ``mmseg::`` / ``mmdet::`` config bases resolve on the
+    installed line (:func:`.stacks.register_config_scopes`), before any config is read.
+    """
     text, ok = environment_report()
     if not ok:
         print(text, file=stream or sys.stderr)
         raise SystemExit(1)
+    stacks.register_config_scopes()
 
 
 def main(argv: Optional[List[str]] = None) -> int:

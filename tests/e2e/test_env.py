@@ -1,20 +1,47 @@
 """The installed stack: imports, compiled mmcv ops on CPU, the environment check."""
+import os
+import os.path as osp
 import subprocess
 import sys
 
+import pytest
 import torch
 
+from helpers.tiny_models import REPO
 
-def test_stack_imports_with_compatible_versions():
+
+def _line():
+    from mmplugin_inline.utils import stacks
+    line, problems = stacks.detect_line()
+    assert line is not None and not problems, problems
+    return line
+
+
+def _pinned(dist):
+    """The version of ``dist`` pinned for the running line's tested environment."""
+    from mmplugin_inline.utils import stacks
+    name = 'pinned.txt' if _line() == stacks.OFFICIAL else 'pinned-onedl.txt'
+    with open(osp.join(REPO, 'requirements', name), encoding='utf-8') as f:
+        for text in f:
+            if text.startswith(dist + '=='):
+                return text.split('==')[1].split('#')[0].strip()
+    raise AssertionError(f'{dist} is not pinned in {name}')
+
+
+def test_stack_imports_the_pinned_versions_of_its_line():
+    """The tested environments hold exactly their line's pins (make setup / STACK=onedl)."""
     import mmcv
     import mmdet
     import mmengine
     import mmseg
     import timm  # noqa: F401
-    from mmengine.utils import digit_version
-    assert digit_version('2.0.0') <= digit_version(mmcv.__version__) < digit_version('2.2.0')
-    assert mmdet.__version__.startswith('3.') and mmseg.__version__.startswith('1.')
-    assert digit_version(mmengine.__version__) >= digit_version('0.10.0')
+
+    from mmplugin_inline.utils import stacks
+    line = _line()
+    for module in (mmengine, mmcv, mmdet, mmseg):
+        dist = stacks.COMPONENT[module.__name__].dists[line]
+        assert module.__version__ == _pinned(dist), (dist, module.__version__)
+    assert torch.__version__.split('+')[0] == _pinned('torch')
 
 
 def test_mmcv_compiled_ops_run_on_cpu():
@@ -37,7 +64,11 @@ def test_environment_check_command_reports_ok():
     res = subprocess.run([sys.executable, '-m', 'mmplugin_inline.utils.env_check'],
                          capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert 'OK' in res.stdout and 'mmcv 2.1.0' in res.stdout
+    from mmplugin_inline.utils import stacks
+    line = _line()
+    mmcv = _pinned(stacks.COMPONENT['mmcv'].dists[line])
+    assert 'OK' in res.stdout and f'mmcv {mmcv}' in res.stdout
+    assert f'OpenMMLab line: {stacks.LINE_NAMES[line]}' in res.stdout
 
 
 def test_environment_check_explains_missing_ops(monkeypatch):
@@ -55,10 +86,72 @@ def test_environment_check_explains_missing_ops(monkeypatch):
     assert "No module named 'mmcv._ext'" in text and 'make setup' in text
 
 
-def test_environment_check_explains_incompatible_mmcv(monkeypatch):
+@pytest.mark.parametrize('line, version, needs', [
+    ('official', '2.2.0', '2.0.0rc4 <= mmcv < 2.2.0'),   # the fork's mmcv under official mmdet
+    ('onedl', '2.1.0', '2.2.0 <= mmcv < 3.0.0'),         # the official mmcv under the fork
+])
+def test_environment_check_holds_mmcv_to_its_lines_range(monkeypatch, line, version, needs):
     import mmcv
 
-    from mmplugin_inline.utils import env_check
-    monkeypatch.setattr(mmcv, '__version__', '2.2.0')
+    from mmplugin_inline.utils import env_check, stacks
+    monkeypatch.setattr(stacks, 'detect_line', lambda: (line, []))
+    monkeypatch.setattr(mmcv, '__version__', version)
     text, ok = env_check.environment_report()
-    assert not ok and 'mmcv 2.2.0 is installed' in text and '< 2.2.0' in text
+    assert not ok and f'mmcv {version} is installed' in text and needs in text, text
+    assert stacks.LINE_NAMES[line] in text
+
+
+def _fake_dists(monkeypatch, dists):
+    from mmplugin_inline.utils import stacks
+    monkeypatch.setattr(stacks, 'installed_version', lambda dist: dists.get(dist))
+
+
+def test_each_line_is_named_and_accepted(monkeypatch):
+    from mmplugin_inline.utils import stacks
+    _fake_dists(monkeypatch, {'mmengine': '0.10.7', 'mmcv': '2.1.0', 'mmdet': '3.3.0',
+                              'mmsegmentation': '1.2.2'})
+    assert stacks.detect_line() == (stacks.OFFICIAL, [])
+    _fake_dists(monkeypatch, {'onedl-mmengine': '0.10.12', 'onedl-mmcv': '2.3.6',
+                              'onedl-mmdetection': '3.5.1', 'onedl-mmsegmentation': '1.4.2'})
+    assert stacks.detect_line() == (stacks.ONEDL, [])
+    _fake_dists(monkeypatch, {'mmengine': '0.10.7', 'mmcv-lite': '2.1.0'})
+    assert stacks.detect_line() == (stacks.OFFICIAL, [])
+
+
+def test_a_mix_of_the_lines_is_refused_with_the_fix(monkeypatch):
+    """Official mmdet over the fork's mmcv: refused, naming what to uninstall and install."""
+    from mmplugin_inline.utils import env_check, stacks
+    _fake_dists(monkeypatch, {'onedl-mmengine': '0.10.12', 'onedl-mmcv': '2.3.6',
+                              'mmdet': '3.3.0', 'onedl-mmsegmentation': '1.4.2'})
+    line, problems = stacks.detect_line()
+    assert line is None and len(problems) == 1
+    assert 'mixes two OpenMMLab lines' in problems[0]
+    assert 'pip uninstall -y mmdet' in problems[0] and 'onedl-mmdetection' in problems[0]
+    text, ok = env_check.environment_report()
+    assert not ok and 'mixes two OpenMMLab lines' in text
+
+
+def test_two_distributions_of_one_package_are_refused(monkeypatch):
+    from mmplugin_inline.utils import stacks
+    _fake_dists(monkeypatch, {'mmengine': '0.10.7', 'onedl-mmengine': '0.10.12'})
+    line, problems = stacks.detect_line()
+    assert line is None
+    assert 'mmengine 0.10.7 and onedl-mmengine 0.10.12 are both installed' in problems[0]
+    assert 'pip uninstall -y mmengine onedl-mmengine' in problems[0]
+
+
+def test_tools_stop_at_start_on_a_mix_and_say_why(tmp_path):
+    """A tool run over a mixed stack exits 1 with the environment report (the mix is
+    simulated in a child interpreter by metadata of a fork distribution on its path)."""
+    dist = tmp_path / 'onedl_mmdetection-3.5.1.dist-info'
+    dist.mkdir()
+    (dist / 'METADATA').write_text('Metadata-Version: 2.1\nName: onedl-mmdetection\n'
+                                   'Version: 3.5.1\n')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
+    res = subprocess.run([sys.executable, osp.join(REPO, 'tools', 'misc', 'print_config.py'),
+                          osp.join(REPO, 'configs', 'demo',
+                                   'mask-rcnn_inline-pvt-t_fpn_shapes-demo.py')],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert 'are both installed' in res.stderr or 'mixes two OpenMMLab lines' in res.stderr, \
+        res.stderr[-2000:]

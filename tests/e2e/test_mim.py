@@ -12,6 +12,7 @@ import json
 import os.path as osp
 import re
 import shutil
+import sys
 
 import pytest
 import yaml
@@ -132,14 +133,16 @@ def test_editable_install_links_the_mim_extension(tmp_path):
 
 
 def test_mim_search_in_the_environment_make_setup_builds(tmp_path):
-    """``mim search`` in the repository's .venv/ (``make setup``: an editable install) with
-    nothing on PYTHONPATH, from another folder. mim reads ``<dist-info location>/
+    """``mim search`` in the repository's venv of the running stack (``make setup``, .venv/;
+    ``make setup STACK=onedl``, .venv-onedl/: an editable install) with nothing on
+    PYTHONPATH, from another folder. mim reads ``<dist-info location>/
     mmplugin_inline/.mim/model-index.yml``; the editable install keeps its dist-info in
     site-packages, where scripts/setup_env.sh links ``.mim`` (before, mim reported the
     model index missing)."""
-    python = osp.join(REPO, '.venv', 'bin', 'python')
-    if not osp.isfile(python):
-        pytest.skip('no .venv/ in the repository (make setup makes it)')
+    venv = osp.basename(sys.prefix)
+    python = osp.join(REPO, venv, 'bin', 'python')
+    if not venv.startswith('.venv') or not osp.isfile(python):
+        pytest.skip('not run from a venv of the repository (make setup makes one)')
     rc, origin, _ = run_tool([python, '-c', 'import importlib.util as u; '
                               'print(u.find_spec("mmplugin_inline").origin)'],
                              cwd=str(tmp_path), env=dict(PYTHONPATH=''))

@@ -1,8 +1,10 @@
 """Packaging as pip sees it: the metadata setuptools builds from this checkout.
 
-OpenMMLab's convention: mmcv is not an install requirement (``requirements/mminstall.txt``
-lists it for ``mim install``), mmdet and mmsegmentation are extras, and the licence and
-citation files agree with the package. The wheel's ``.mim/tools`` holds what users run,
+Neither OpenMMLab line (the official releases, the onedl-* fork) is an install
+requirement: each has an extra of its name, and `.[all]` is line-neutral, so an install
+into either line's environment never pulls in the other's. mmcv is built separately
+(OpenMMLab's convention; ``requirements/mminstall.txt`` lists it for ``mim install``). The
+licence and citation files agree with the package. The wheel's ``.mim/tools`` holds what users run,
 not the developer scripts of ``scripts/``.
 """
 import email
@@ -51,9 +53,9 @@ def _extra_of(req):
     return found.group(1) if found else ''
 
 
-def _pins():
+def _pins(name='pinned.txt'):
     pins = {}
-    with open(osp.join(REPO, 'requirements/pinned.txt'), encoding='utf-8') as f:
+    with open(osp.join(REPO, 'requirements', name), encoding='utf-8') as f:
         for line in f:
             line = line.split('#')[0].strip()
             if '==' in line:
@@ -62,28 +64,57 @@ def _pins():
     return pins
 
 
-def test_mmcv_and_the_codebases_are_not_install_requirements(metadata):
-    plain = {r.name.lower() for r in _requirements(metadata) if not _extra_of(r)}
-    assert {'torch', 'mmengine', 'timm'} <= plain
-    assert not plain & {'mmcv', 'mmcv-full', 'mmcv-lite', 'mmdet', 'mmsegmentation'}, plain
-
-
-def test_extras_det_seg_all_and_mim(metadata):
+def _by_extra(metadata):
     by_extra = {}
     for r in _requirements(metadata):
         by_extra.setdefault(_extra_of(r), set()).add(r.name.lower())
-    assert set(metadata.get_all('Provides-Extra')) >= {'det', 'seg', 'all', 'mim'}
-    assert 'mmdet' in by_extra['det'] and 'mmsegmentation' in by_extra['seg']
+    return by_extra
+
+
+def _line_dists():
+    from mmplugin_inline.utils import stacks
+    return {line: {c.dists[line] for c in stacks.COMPONENTS} | ({'mmcv-lite', 'mmcv-full'}
+            if line == stacks.OFFICIAL else set()) for line in (stacks.OFFICIAL, stacks.ONEDL)}
+
+
+def test_no_openmmlab_line_is_an_install_requirement(metadata):
+    """`pip install .` must not pull one line's packages over the other's: no distribution
+    of either line is a plain requirement (mmengine included: the fork's is onedl-mmengine)."""
+    plain = _by_extra(metadata)['']
+    assert {'torch', 'timm'} <= plain
+    for line, dists in _line_dists().items():
+        assert not plain & dists, (line, plain & dists)
+
+
+def test_extras_all_det_seg_are_line_neutral_and_each_line_has_its_own(metadata):
+    by_extra = _by_extra(metadata)
+    lines = _line_dists()
+    assert set(metadata.get_all('Provides-Extra')) >= {'det', 'seg', 'all', 'mim', 'official',
+                                                       'onedl'}
+    everything = lines['official'] | lines['onedl']
+    for extra in ('det', 'seg', 'all'):
+        assert not by_extra[extra] & everything, (extra, by_extra[extra] & everything)
     assert by_extra['det'] | by_extra['seg'] <= by_extra['all']
+    assert {'mmengine', 'mmdet', 'mmsegmentation'} <= by_extra['official'] <= (
+        lines['official'] | by_extra['all'])
+    assert {'onedl-mmengine', 'onedl-mmdetection', 'onedl-mmsegmentation'} <= (
+        by_extra['onedl']) <= lines['onedl'] | by_extra['all']
     assert by_extra['mim'] == {'mmcv'}
 
 
-def test_the_pinned_stack_satisfies_every_declared_range(metadata):
-    pins = _pins()
-    reqs = _requirements(metadata)
-    with open(osp.join(REPO, 'requirements/mminstall.txt'), encoding='utf-8') as f:
-        reqs += [Requirement(line.strip()) for line in f
-                 if line.strip() and not line.startswith('#')]
+@pytest.mark.parametrize('line, pins', [('official', 'pinned.txt'),
+                                        ('onedl', 'pinned-onedl.txt')])
+def test_each_pinned_stack_satisfies_every_declared_range(metadata, line, pins):
+    """Each line's pins lie inside the ranges declared for it: setup.cfg's install
+    requirements and the line's extra, mim's mmcv range (official), and the environment
+    check's ranges (utils/stacks.py)."""
+    from mmplugin_inline.utils import stacks
+    pins = _pins(pins)
+    reqs = [r for r in _requirements(metadata) if _extra_of(r) in ('', line)]
+    if line == 'official':
+        with open(osp.join(REPO, 'requirements/mminstall.txt'), encoding='utf-8') as f:
+            reqs += [Requirement(text.strip()) for text in f
+                     if text.strip() and not text.startswith('#')]
     checked = set()
     for r in reqs:
         name = r.name.lower()
@@ -91,7 +122,21 @@ def test_the_pinned_stack_satisfies_every_declared_range(metadata):
             assert r.specifier.contains(pins[name], prereleases=True), \
                 f'{r} does not admit the pinned {name}=={pins[name]}'
             checked.add(name)
-    assert {'mmcv', 'mmengine', 'mmdet', 'mmsegmentation', 'torch', 'timm'} <= checked
+    assert {'torch', 'timm'} <= checked
+    for comp in stacks.COMPONENTS:
+        dist = comp.dists[line]
+        low, high = comp.ranges[line]
+        assert Version(low) <= pins[dist] < Version(high), (dist, pins[dist], low, high)
+        if dist != 'onedl-mmcv' and dist != 'mmcv':
+            assert dist in checked, f'{dist} has no range in setup.cfg'
+
+
+def test_the_lower_end_of_the_torch_range_is_a_tested_pin(metadata):
+    """setup.cfg's torch range starts at the older of the two tested torch releases."""
+    torch_req = [r for r in _requirements(metadata) if r.name == 'torch' and not _extra_of(r)]
+    lowest = min(_pins()['torch'], _pins('pinned-onedl.txt')['torch'])
+    low = [Version(s.version) for s in torch_req[0].specifier if s.operator == '>=']
+    assert low and low[0].release[:2] == lowest.release[:2], (torch_req, lowest)
 
 
 def test_licence_and_citation_agree_with_the_package(metadata):
