@@ -17,7 +17,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 export STACK
 
-.PHONY: setup demo demo-seg test test-fast test-e2e lint docs env gpu-check clean
+.PHONY: setup demo demo-seg test test-fast test-e2e lint docs env gpu-check bundle clean
 
 setup:
 	bash scripts/setup_env.sh
@@ -60,6 +60,15 @@ docs: setup
 # may have its own CUDA mmcv): use `make gpu-check PY=python` for another environment.
 gpu-check:
 	$(PY) scripts/gpu_check.py --out-dir work_dirs/gpu_check
+
+# the offline bundle for a GPU node without internet (docs/environments.md, "GPU machines"):
+# dist/bundle/ for PYTHON_VERSION (default: this machine's) and BUNDLE_STACK (default: onedl,
+# the fork: numpy 2, current Python). Needs the package index, not a venv: any python3 with pip.
+PYTHON_VERSION ?= $(shell python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+BUNDLE_STACK ?= onedl
+bundle:
+	python3 scripts/make_bundle.py --python-version $(PYTHON_VERSION) --stack $(BUNDLE_STACK) \
+		--out dist/bundle
 
 clean:
 	rm -rf .venv .venv-onedl build *.egg-info .pytest_cache docs/_build docs/_generated

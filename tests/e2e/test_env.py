@@ -142,16 +142,22 @@ def test_two_distributions_of_one_package_are_refused(monkeypatch):
 
 def test_tools_stop_at_start_on_a_mix_and_say_why(tmp_path):
     """A tool run over a mixed stack exits 1 with the environment report (the mix is
-    simulated in a child interpreter by metadata of a fork distribution on its path)."""
-    dist = tmp_path / 'onedl_mmdetection-3.5.1.dist-info'
+    simulated in a child interpreter by the metadata of the *other* line's mmdet on its
+    path: official mmdet over the fork, or the fork's over the official line)."""
+    from mmplugin_inline.utils import stacks
+    other = stacks.ONEDL if _line() == stacks.OFFICIAL else stacks.OFFICIAL
+    dist_name = stacks.COMPONENT['mmdet'].dists[other]
+    version = '3.5.1' if other == stacks.ONEDL else '3.3.0'
+    dist = tmp_path / f"{dist_name.replace('-', '_')}-{version}.dist-info"
     dist.mkdir()
-    (dist / 'METADATA').write_text('Metadata-Version: 2.1\nName: onedl-mmdetection\n'
-                                   'Version: 3.5.1\n')
+    (dist / 'METADATA').write_text(f'Metadata-Version: 2.1\nName: {dist_name}\n'
+                                   f'Version: {version}\n')
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), REPO]))
     res = subprocess.run([sys.executable, osp.join(REPO, 'tools', 'misc', 'print_config.py'),
                           osp.join(REPO, 'configs', 'demo',
                                    'mask-rcnn_inline-pvt-t_fpn_shapes-demo.py')],
                          capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 1, res.stdout + res.stderr
-    assert 'are both installed' in res.stderr or 'mixes two OpenMMLab lines' in res.stderr, \
+    assert f'{dist_name} {version}' in res.stderr and 'are both installed' in res.stderr, \
         res.stderr[-2000:]
+    assert 'pip uninstall -y mmdet onedl-mmdetection' in res.stderr
