@@ -100,6 +100,18 @@ def grid_anchors(generator, level: int, hw: Tuple, dtype) -> torch.Tensor:
     return (shifts + base[None]).reshape(-1, 4)
 
 
+def first(values: torch.Tensor, num: int) -> torch.Tensor:
+    """``values[:num]`` for a tensor of data-dependent length (what NMS keeps).
+
+    The bound is min(num, length), stated to lie within the length: torch 2.9's exporter
+    cannot decide a slice of a data-dependent length by itself ("Could not guard on
+    data-dependent expression u1 < 100"); torch 2.10 and newer can.
+    """
+    end = torch.sym_min(num, values.shape[0])
+    torch._check(end <= values.shape[0])
+    return values[:end]
+
+
 def nms_threshold(nms_cfg) -> float:
     """The IoU threshold of an mmdet ``nms`` config (only plain NMS is exportable here)."""
     if nms_cfg.get('type', 'nms') != 'nms':
@@ -250,7 +262,11 @@ class TwoStageDetectorGraph(nn.Module):
         boxes, scores, levels = [], [], []
         for level, (cls, reg, anchors) in enumerate(zip(cls_scores, bbox_preds, priors)):
             score = cls[0].permute(1, 2, 0).reshape(-1).sigmoid()
-            reg = reg[0].permute(1, 2, 0).reshape(-1, 4)
+            # [h * w * A, 4] in mmdet's order; the 4 coordinates stacked, not reshaped:
+            # torch 2.9's exporter gives the extra pooled level's reshape a width that is
+            # not 4 at run time
+            per_coord = reg[0].unflatten(0, (-1, 4)).permute(2, 3, 0, 1)  # [h, w, A, 4]
+            reg = torch.stack([per_coord[..., i].reshape(-1) for i in range(4)], dim=-1)
             if nms_pre > 0:
                 k = torch.sym_min(nms_pre, score.shape[0])
                 score, order = score.topk(k)
@@ -265,7 +281,7 @@ class TwoStageDetectorGraph(nn.Module):
             valid = ((wh[:, 0] > min_size) & (wh[:, 1] > min_size)).nonzero()[:, 0]
             boxes, scores, levels = boxes[valid], scores[valid], levels[valid]
         keep = batched_nms(boxes, scores, levels, nms_threshold(cfg.nms))
-        return boxes[keep[:cfg.max_per_img]]
+        return boxes[first(keep, cfg.max_per_img)]
 
     # -- RoI heads: mmdet StandardRoIHead / CascadeRoIHead.predict_bbox ---------------
     def _bbox_forward(self, stage, feats, rois):
@@ -301,7 +317,7 @@ class TwoStageDetectorGraph(nn.Module):
         keep = batched_nms(boxes, probs, labels, nms_threshold(self.rcnn_cfg.nms))
         max_num = self.rcnn_cfg.max_per_img
         if max_num > 0:
-            keep = keep[:max_num]
+            keep = first(keep, max_num)
         return boxes[keep], probs[keep], labels[keep]
 
     @staticmethod
@@ -382,22 +398,25 @@ def box_iou(a, b):
     return np.where(union > 0, inter / np.maximum(union, 1e-12), 0.0)
 
 
-def match_detections(ref: Dict, got: Dict, iou: float = 0.99, score_tol: float = 1e-3) -> Dict:
+def match_detections(ref: Dict, got: Dict, iou: float = 0.99, score_tol: float = 1e-3,
+                     box_tol: float = 0.0) -> Dict:
     """Match detections ``got`` (onnxruntime) to ``ref`` (PyTorch), each a dict of numpy
     ``boxes`` [n, 4], ``scores`` [n], ``labels`` [n]: greedily, by ``ref``'s descending score,
-    to an unmatched detection of the same label with box IoU >= ``iou`` and score within
-    ``score_tol``. Returns ``matched``, ``ref``, ``got`` (counts), ``pairs`` (index into
-    ``ref``, index into ``got``) and ``share``: matched
-    over the larger count (1.0 when both are empty), so extra or missing detections on
-    either side count against it."""
+    to an unmatched detection of the same label with box IoU >= ``iou`` (or every
+    coordinate within ``box_tol`` pixels: rounded boxes thinner than a pixel lose IoU to
+    the rounding alone) and score within ``score_tol``. Returns ``matched``, ``ref``,
+    ``got`` (counts), ``pairs`` (index into ``ref``, index into ``got``) and ``share``:
+    matched over the larger count (1.0 when both are empty), so extra or missing
+    detections on either side count against it."""
     import numpy as np
     n, m = len(ref['scores']), len(got['scores'])
     pairs = []
     if n and m:
         ious = box_iou(ref['boxes'], got['boxes'])
+        near = np.abs(ref['boxes'][:, None, :] - got['boxes'][None, :, :]).max(-1) <= box_tol
         free = np.ones(m, dtype=bool)
         for i in np.argsort(-ref['scores'], kind='stable'):
-            ok = free & (got['labels'] == ref['labels'][i]) & (ious[i] >= iou) & \
+            ok = free & (got['labels'] == ref['labels'][i]) & ((ious[i] >= iou) | near[i]) & \
                 (np.abs(got['scores'] - ref['scores'][i]) <= score_tol)
             if ok.any():
                 j = int(np.argmax(np.where(ok, ious[i], -1)))

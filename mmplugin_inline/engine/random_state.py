@@ -39,7 +39,13 @@ def restore_random_state(state: dict) -> None:
 class _RestoreAfterSkip:
     """Stands in for an ``IterBasedTrainLoop``'s data iterator while the loop skips the
     batches a resumed run has already trained on; sets the generators to ``state`` once
-    the last of them is drawn, then hands the loop its own iterator back."""
+    the skip is over, then hands the loop its own iterator back.
+
+    Both ways of skipping are followed: the official mmengine draws the skipped batches
+    one by one (``next``, the pipeline runs and draws random numbers); the maintained fork
+    calls the iterator's ``skip_iter(n)``, which advances the sampler without loading
+    them. Anything else is the real iterator's.
+    """
 
     def __init__(self, loop, skip: int, state: dict):
         self.loop, self.skip, self.state = loop, skip, state
@@ -52,9 +58,22 @@ class _RestoreAfterSkip:
         batch = next(self.iterator)
         self.skip -= 1
         if self.skip <= 0:
-            restore_random_state(self.state)
-            self.loop.dataloader_iterator = self.iterator
+            self._done()
         return batch
+
+    def skip_iter(self, num_iters: int) -> None:
+        """The fork's skip: the real iterator's, then the state is restored."""
+        self.iterator.skip_iter(num_iters)
+        self._done()
+
+    def __getattr__(self, name):
+        if name == 'iterator':  # not set yet (copying, unpickling): no recursion
+            raise AttributeError(name)
+        return getattr(self.iterator, name)
+
+    def _done(self) -> None:
+        restore_random_state(self.state)
+        self.loop.dataloader_iterator = self.iterator
 
 
 @HOOKS.register_module()
@@ -156,7 +175,9 @@ class RandomStateHook(Hook):
         if state is None:
             return
         loop = runner.train_loop
-        if isinstance(loop, IterBasedTrainLoop) and loop.iter > 0:
+        # the fork's loop may be told not to skip the trained batches at all
+        skips = not getattr(loop, 'fast_forward_on_resume', False)
+        if isinstance(loop, IterBasedTrainLoop) and loop.iter > 0 and skips:
             loop.dataloader_iterator = _RestoreAfterSkip(loop, loop.iter, state)
             runner.logger.info('RandomStateHook: the random state of the checkpoint is '
                                f'restored once the loop has skipped {loop.iter} batches')

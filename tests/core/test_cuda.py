@@ -10,6 +10,11 @@ writes one JSON report; its behaviour without a GPU is tested here on the CPU.
 - every backbone's training step under AMP (fp16 with ``torch.amp.GradScaler``, bf16):
   finite, loss and gradients within ``sqrt(2 L) u`` of fp32 (tests/core/test_amp.py's
   whole-backbone bound), a step taken, parameters finite after it;
+- every backbone in the pad-aware mode under autocast, forward and backward, and the
+  padded image's features equal to those of the image alone;
+- three training steps of a Semantic FPN InLine-PVT-T (bf16 AMP, 512 x 512) and of a Mask
+  R-CNN InLine-PVT-T (800 x 1024; needs mmcv's CUDA ops, ``gpu_check.py --cuda-ops``);
+  each also runs on the CPU, which checks the tests themselves;
 - the backbone benchmark tool on ``--device cuda`` for one case (skipped while the
   script does not exist).
 """
@@ -118,6 +123,118 @@ def test_backbone_training_step_under_amp(family, dtype):
     assert any(not torch.equal(p, b) for p, b in zip(model.parameters(), before)), 'no step'
 
 
+# -- pad-aware mode under autocast; whole models' training steps -----------------------------
+
+_CUDA = [pytest.mark.cuda, needs_cuda]
+#: (device, autocast dtype): both on CUDA; bf16 on the CPU, which checks the tests themselves
+DEVICE_CASES = [pytest.param('cuda', torch.float16, id='cuda-fp16', marks=_CUDA),
+                pytest.param('cuda', torch.bfloat16, id='cuda-bf16', marks=_CUDA),
+                pytest.param('cpu', torch.bfloat16, id='cpu-bf16')]
+
+
+@pytest.mark.parametrize('device,dtype', DEVICE_CASES)
+@pytest.mark.parametrize('family', FAMILIES)
+def test_pad_aware_backbone_forward_and_backward_under_autocast(family, device, dtype):
+    """pad_aware=True on a padded batch under autocast: finite fp32 outputs and gradients;
+    and (fp32, no TF32) the padded image's features are those of the image alone."""
+    model = tiny_backbone(family, pad_aware=True).to(device)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 72, 104, generator=g)
+    x[1, :, 56:], x[1, :, :, 80:] = 0, 0  # image 1 is 56 x 80, padded to 72 x 104
+    x = x.to(device).requires_grad_()
+    valid_hw = [(72, 104), (56, 80)]
+    with torch.autocast(device, dtype=dtype):
+        outs = model(x, valid_hw=valid_hw)
+        loss = sum(o.float().square().mean() for o in outs)
+    loss.backward()
+    assert all(o.dtype == torch.float32 and torch.isfinite(o).all() for o in outs)
+    assert torch.isfinite(x.grad).all() and x.grad[1, :, 56:].abs().sum() == 0
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    with fp32_without_tf32(), torch.no_grad():
+        batch = model(x.detach(), valid_hw=valid_hw)
+        alone = model(x.detach()[1:2, :, :56, :80])
+    for b, a in zip(batch, alone):
+        h, w = a.shape[-2:]
+        err = (b[1:2, :, :h, :w] - a).abs().max() / a.abs().max()
+        assert err < 1e-4, f'{family}: the padded image differs from itself alone by {err:.2e}'
+
+
+def _mmcv_cuda_ops() -> bool:
+    try:
+        from mmcv.ops import get_compiling_cuda_version
+        return get_compiling_cuda_version() not in ('', 'not available')
+    except Exception:  # noqa: BLE001 - no ops at all: the environment check says why
+        return False
+
+
+def _train_steps(config, device, dtype, hw, steps=3):
+    """``steps`` training steps of the config's whole model (no pretrained weights) through
+    mmengine's ``train_step`` (AMP with ``dtype`` on CUDA), batch 2 of size ``hw``; returns
+    the last step's log variables and whether the backbone's parameters moved."""
+    from mmengine.config import Config
+    from mmengine.model import revert_sync_batchnorm
+    from mmengine.optim import AmpOptimWrapper, OptimWrapper
+    from mmengine.registry import DefaultScope
+
+    from helpers.samples import det_sample, seg_sample
+    cfg = Config.fromfile(osp.join(REPO, config))
+    scope = cfg.default_scope
+    if scope == 'mmdet':
+        from mmdet.registry import MODELS as CODEBASE_MODELS
+        from mmdet.utils import register_all_modules
+        num_classes = cfg.model.roi_head.mask_head.num_classes
+    else:
+        from mmseg.registry import MODELS as CODEBASE_MODELS
+        from mmseg.utils import register_all_modules
+        num_classes = cfg.model.decode_head.num_classes
+    register_all_modules(init_default_scope=False)
+    cfg.model.backbone.init_cfg = None
+    torch.manual_seed(0)
+    with DefaultScope.overwrite_default_scope(scope):
+        model = CODEBASE_MODELS.build(cfg.model)
+    model.init_weights()
+    model = revert_sync_batchnorm(model).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    wrapper = (AmpOptimWrapper(optimizer=optimizer, dtype=dtype) if device == 'cuda'
+               else OptimWrapper(optimizer))
+    make = det_sample if scope == 'mmdet' else seg_sample
+    before = [p.detach().clone() for p in model.backbone.parameters()]
+    model.train()
+    for step in range(steps):
+        data = dict(inputs=[torch.randint(0, 256, (3, *hw), dtype=torch.uint8)
+                            for _ in range(2)],
+                    data_samples=[make(hw, num_classes, 2 * step + i) for i in range(2)])
+        with DefaultScope.overwrite_default_scope(scope):
+            log_vars = model.train_step(data, wrapper)
+    moved = any(not torch.equal(p, b) for p, b in zip(model.backbone.parameters(), before))
+    return log_vars, moved
+
+
+@pytest.mark.parametrize('device,dtype,hw', [
+    pytest.param('cuda', torch.bfloat16, (512, 512), id='cuda-bf16-512', marks=_CUDA),
+    pytest.param('cpu', None, (96, 128), id='cpu-96x128')])
+def test_semantic_fpn_training_step(device, dtype, hw):
+    log_vars, moved = _train_steps('configs/inline_pvt/fpn_inline-pvt-t_8xb4-40k_ade20k-'
+                                   '512x512.py', device, dtype, hw)
+    assert 'loss' in log_vars and all(math.isfinite(float(v)) for v in log_vars.values())
+    assert moved, 'the backbone did not change in three steps'
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('device,dtype,hw', [
+    pytest.param('cuda', torch.bfloat16, (800, 1024), id='cuda-bf16-800x1024', marks=_CUDA),
+    pytest.param('cpu', None, (96, 128), id='cpu-96x128')])
+def test_mask_rcnn_training_step(device, dtype, hw):
+    """Needs mmcv's ops for the device: on CUDA those of ``gpu_check.py --cuda-ops``."""
+    if device == 'cuda' and not _mmcv_cuda_ops():
+        pytest.skip("mmcv's ops are built without CUDA (gpu_check.py --cuda-ops builds them)")
+    log_vars, moved = _train_steps('configs/inline_pvt/mask-rcnn_inline-pvt-t_fpn_1x_coco.py',
+                                   device, dtype, hw)
+    assert {'loss', 'loss_mask', 'loss_bbox'} <= log_vars.keys()
+    assert all(math.isfinite(float(v)) for v in log_vars.values())
+    assert moved, 'the backbone did not change in three steps'
+
+
 # -- the backbone benchmark on the GPU ------------------------------------------------------
 
 @pytest.mark.cuda
@@ -137,7 +254,8 @@ def test_the_gpu_benchmark_case_uses_options_the_benchmark_accepts():
     from mmplugin_inline.cli import benchmark_backbones as tool
     assert gpu_check.BENCHMARK == 'tools/analysis_tools/benchmark_backbones.py'
     args = tool.parse_args(shlex.split(gpu_check.BENCHMARK_ARGS))
-    assert args.device == 'cuda' and args.families == ['pvt']
+    assert args.device == 'cuda' and args.families == ['pvt', 'swin', 'cswin', 'deit']
+    assert args.sizes == [(1024, 1024), (1024, 2048)] and args.modes == ['infer', 'train']
 
 
 # -- make gpu-check: its report, tested without a GPU -------------------------------------
@@ -170,7 +288,7 @@ def test_gpu_check_report_with_a_gpu(tmp_path, monkeypatch):
     '''))
     calls = []
 
-    def fake_run(cmd, log_path, timeout):
+    def fake_run(cmd, log_path, timeout, cwd=None):
         calls.append(cmd)
         if cmd[1:3] == ['-m', 'pytest']:
             assert cmd[3:5] == ['-m', 'cuda']

@@ -77,6 +77,14 @@ def test_match_detections_counts_label_box_and_score():
     assert (r['matched'], r['share']) == (2, pytest.approx(2 / 3))
     assert det.match_detections({k: v[:0] for k, v in ref.items()},
                                 {k: v[:0] for k, v in ref.items()})['share'] == 1.0
+    # a box 0.1 px tall, rounded to 0.01 px: IoU 0.9, every coordinate within box_tol
+    thin = dict(boxes=np.array([[3.0, 47.837, 6.7, 47.937]]), scores=np.array([0.5]),
+                labels=np.array([0]))
+    rounded = dict(thin, boxes=np.round(thin['boxes'], 2))
+    assert det.match_detections(thin, rounded)['matched'] == 0
+    assert det.match_detections(thin, rounded, box_tol=0.006)['matched'] == 1
+    assert det.match_detections(thin, dict(rounded, boxes=rounded['boxes'] + 0.01),
+                                box_tol=0.006)['matched'] == 0
 
 
 def test_grid_anchors_are_mmdets_grid_priors():
@@ -285,7 +293,8 @@ def test_onnx_inference_runs_without_torch_or_mmdet(mask_rcnn_export, tmp_path):
                    labels=np.array([d['label'] for d in dets]))
         assert (got['boxes'] >= 0).all() and (got['boxes'] <= [w, h, w, h]).all()
         ref = _mmdet_detections(config, checkpoint, str(images / name))
-        r = det.match_detections(ref, got, iou=0.99, score_tol=1e-3)
+        # the runtime's JSON rounds boxes to 0.01 px (and scores to 1e-5)
+        r = det.match_detections(ref, got, iou=0.99, score_tol=1e-3, box_tol=0.006)
         assert r['ref'] > 10 and r['share'] >= 0.99, (name, r)
         equal = [np.mean(ref['masks'][i] == runtime._decode_rle(dets[j]['mask']))
                  for i, j in r['pairs']]

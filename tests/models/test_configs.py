@@ -5,13 +5,13 @@ import functools
 import os.path as osp
 import re
 
-import numpy as np
 import pytest
 import torch
 from mmengine.config import Config
 from mmengine.model import revert_sync_batchnorm
 from mmengine.registry import DefaultScope
 
+from helpers.samples import det_sample, seg_sample
 from helpers.tiny_models import REPO, config_files, shrink_model
 from mmplugin_inline.engine.runner import RUNNER_TYPE
 from mmplugin_inline.registry import MODELS, released_weights
@@ -141,40 +141,6 @@ def test_segmentation_configs_follow_their_recipe(path):
         assert cfg.model.neck.type == 'MultiLevelNeck'
 
 
-def _det_sample(hw, num_classes, seed):
-    from mmdet.structures import DetDataSample
-    from mmdet.structures.mask import BitmapMasks
-    from mmengine.structures import InstanceData
-    rng = np.random.default_rng(seed)
-    h, w = hw
-    boxes, masks = [], []
-    for _ in range(2):
-        x0, y0 = rng.integers(0, w // 2), rng.integers(0, h // 2)
-        x1, y1 = x0 + rng.integers(8, w // 2), y0 + rng.integers(8, h // 2)
-        boxes.append([x0, y0, x1, y1])
-        mask = np.zeros((h, w), np.uint8)
-        mask[y0:y1, x0:x1] = 1
-        masks.append(mask)
-    sample = DetDataSample(metainfo=dict(img_shape=hw, ori_shape=hw, pad_shape=hw,
-                                         scale_factor=(1.0, 1.0), batch_input_shape=hw))
-    sample.gt_instances = InstanceData(
-        bboxes=torch.tensor(boxes, dtype=torch.float32),
-        labels=torch.tensor(rng.integers(0, num_classes, 2)),
-        masks=BitmapMasks(np.stack(masks), h, w))
-    return sample
-
-
-def _seg_sample(hw, num_classes, seed):
-    from mmengine.structures import PixelData
-    from mmseg.structures import SegDataSample
-    rng = np.random.default_rng(seed)
-    sample = SegDataSample(metainfo=dict(img_shape=hw, ori_shape=hw, pad_shape=hw,
-                                         scale_factor=(1.0, 1.0)))
-    sample.gt_sem_seg = PixelData(
-        data=torch.from_numpy(rng.integers(0, num_classes, (1, *hw))).long())
-    return sample
-
-
 def _build(cfg):
     scope = cfg.default_scope
     if scope == 'mmdet':
@@ -206,7 +172,7 @@ def test_model_builds_and_runs_loss_and_predict_on_two_odd_sizes(path):
     seg = cfg.default_scope == 'mmseg'
     num_classes = (cfg.model.decode_head.num_classes if seg else
                    cfg.model.roi_head.mask_head.num_classes)
-    make_sample = _seg_sample if seg else _det_sample
+    make_sample = seg_sample if seg else det_sample
     images = [torch.randint(0, 256, (3, *hw), dtype=torch.uint8) for hw in ODD_SIZES]
     samples = [make_sample(hw, num_classes, i) for i, hw in enumerate(ODD_SIZES)]
 
