@@ -5,9 +5,10 @@ The slow test builds the bundle for this machine's Python and the running OpenMM
 creates a fresh environment that holds only torch (with torchvision) and what every GPU
 image with torch has (numpy, opencv, scipy, matplotlib: ``make_bundle.NODE_PROVIDES``;
 linked from the running environment, not installed), installs the bundle there with no
-index, and runs the check's CPU mode: it says there is no GPU, runs one backbone forward and exits 0. mmcv is compiled
-by the check unless a wheel for the same mmcv, torch and Python is in the cache that
-scripts/setup_env.sh fills (it is, after ``make setup``), as on a node where it ran before.
+index, and runs the check's CPU mode: it says there is no GPU, runs one backbone forward
+and exits 0. mmcv is compiled by the check unless a wheel for the same mmcv, torch and
+Python is in the cache that scripts/setup_env.sh fills (it is, after ``make setup``), as
+on a node where it ran before.
 """
 import json
 import os
