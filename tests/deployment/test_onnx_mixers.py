@@ -19,7 +19,8 @@ def test_linear_blocks_export_and_verify(block_types, local_residual, tmp_path):
     torch.manual_seed(0)
     model = MODELS.build(dict(type='InLinePVT', arch=arch, **dict(extra, block_types=block_types),
                               local_residual=local_residual)).eval()
-    assert [b.attn.attn_type for b in model.block2] == [block_types[1]] * len(model.block2)
+    blocks = model.stages[1].blocks
+    assert [b.attn.attn_type for b in blocks] == [block_types[1]] * len(blocks)
     path = str(tmp_path / 'pvt.onnx')
     export.export_onnx(model, (64, 96), path)
     rows = verify.verify_onnx(model, path, [(61, 83), (77, 101)])

@@ -84,7 +84,7 @@ def _per_window_reference(attn, x, hw, ws):
             q, k, v = attn.qkv(tokens).chunk(3, dim=-1)
             att = inline_attention_reference(split(q), split(k), split(v))
             att = att.transpose(1, 2).reshape(b, rh * rw, c)
-            kernels = attn.residual(tokens.mean(dim=1))
+            kernels = attn.mixer.residual(tokens.mean(dim=1))
             res = local_residual_reference(v.transpose(1, 2).reshape(b, c, rh, rw), kernels)
             out[:, top:top + rh, left:left + rw] = (att + res.flatten(2).transpose(1, 2)).view(
                 b, rh, rw, c)
