@@ -112,7 +112,7 @@ def _shifted_window_mask(hw, valid_hw, window, shift, device):
     return differ.float() * MASK_VALUE
 
 
-def padding_key_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: Tuple[int, int],
+def padding_real_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: Tuple[int, int],
                      batch: int, device=None, shift: Tuple[int, int] = (0, 0)
                      ) -> Optional[torch.Tensor]:
     """Which tokens of each window of a bottom / right padded map are real, or None.
@@ -124,11 +124,11 @@ def padding_key_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: Tup
     caller must not write into the result.
     """
     key = ('pad', *hw, *valid_hw, *window, batch, *shift, str(device))
-    return cached_mask(key, lambda: _padding_key_mask(hw, valid_hw, window, batch, device,
+    return cached_mask(key, lambda: _padding_real_mask(hw, valid_hw, window, batch, device,
                                                       shift))
 
 
-def _padding_key_mask(hw, valid_hw, window, batch, device, shift=(0, 0)):
+def _padding_real_mask(hw, valid_hw, window, batch, device, shift=(0, 0)):
     (h, w), (vh, vw) = hw, valid_hw
     if known_equal(vh, h) and known_equal(vw, w):
         return None
@@ -167,7 +167,7 @@ class WindowGrid:
         self.device = device
         self.padded = (hw[0] + pad_amount(hw[0], window[0]), hw[1] + pad_amount(hw[1], window[1]))
         if real is None:
-            self.real = padding_key_mask(self.padded, hw, window, batch, device, shift)
+            self.real = padding_real_mask(self.padded, hw, window, batch, device, shift)
         else:
             self.real = _window_keys(pad_to_multiple(real.unsqueeze(-1), window)[0]
                                      .squeeze(-1), window, shift)
