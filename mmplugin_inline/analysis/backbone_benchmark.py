@@ -126,8 +126,8 @@ def clamp_windows(model, input_hw):
     smaller window."""
     from ..models.layers import WindowAttention, relative_position_index
     side = min(input_hw) // 4
-    for layer in model.layers:
-        for blk in layer.blocks:
+    for stage in model.stages:
+        for blk in stage.blocks:
             attn = blk.attn
             if isinstance(attn, WindowAttention) and attn.window_size > side:
                 table = attn.window_size

@@ -37,19 +37,16 @@ within 1e-3, labels are compared pixel by pixel; a matched (equal) share below
 import argparse
 import os.path as osp
 
+from ..deployment.build import build_export_module
 from ..deployment.onnx import (
     DEFAULT_OPSET,
     DEFAULT_TOLERANCE,
     EXAMPLE_BATCH,
-    build_export_module,
-    check_rows,
-    default_verify_shapes,
     describe_range,
     export_onnx,
-    format_rows,
     onnx_operators,
-    verify_onnx,
 )
+from ..deployment.verify import check_rows, default_verify_shapes, format_rows, verify_onnx
 
 #: the least share of matched detections (of equal labels) --verify accepts by default
 DEFAULT_MIN_SHARE = {'detector': 0.99, 'labels': 0.999}
@@ -165,7 +162,7 @@ def main(argv=None):
                ['labels'] if kind == 'labels' else None)
     metadata = None
     if kind != 'backbone':
-        from ..deployment.onnx import deployment_metadata
+        from ..deployment.metadata import deployment_metadata
         task = 'detection' if kind == 'detector' else 'segmentation'
         try:
             metadata = deployment_metadata(cfg, codebase, task, outputs or ['logits'])
@@ -207,7 +204,7 @@ def _verify_whole(kind, model, cfg, args, shapes, images):
     """--verify of a whole detector or label map against the model's predict."""
     from mmplugin_inline.tools_common import fail
 
-    from ..deployment.onnx import (
+    from ..deployment.verify import (
         image_inputs,
         random_inputs,
         verify_detector,

@@ -1,12 +1,15 @@
 """One switch between the fast paths and the reference paths they replace.
 
-Every fast path of the package (the channels-last local residual, the grouped-product
-kernel predictor, cached window masks, projecting before padding InLine windows, the
-channels-last LePE) keeps the code it replaced beside it, and takes it while
-:func:`reference_paths` is active. The tests compare the two, and
+Two kernel-level choices stay switchable: the CPU library of the linear layers
+(``core.matmul_backend``: oneDNN where it is the faster one) and the cache of window
+masks built from sizes (``models.layers.window_attention.cached_mask``). Each keeps the
+code it replaced beside it and takes it while :func:`reference_paths` is active (the
+table is in ``core/README.md``). The tests compare the two, and
 ``tools/analysis_tools/benchmark_backbones.py --reference-paths`` races them in one
 run, so that a speed-up is measured against what it replaced (timm's ``fused_attn``
-switch, for the whole package).
+switch, for the whole package). The other fast forms (the channels-last local residual,
+the grouped-product kernel predictor, the channels-last LePE) replaced their old code in
+the layers and are checked against ``core/reference.py`` and the tests.
 """
 import contextlib
 from typing import Iterator

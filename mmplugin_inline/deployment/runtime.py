@@ -24,7 +24,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
-METADATA_KEY = 'mmplugin_inline'  # mmplugin_inline.deployment.onnx.METADATA_KEY
+METADATA_KEY = 'mmplugin_inline'  # mmplugin_inline.deployment.metadata.METADATA_KEY
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
 
 

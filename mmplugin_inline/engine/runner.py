@@ -10,10 +10,13 @@ from typing import List, Optional, Tuple
 
 from mmengine.dist import is_main_process
 from mmengine.logging import print_log
+from mmengine.model import is_model_wrapper
 from mmengine.runner import Runner
 
 from mmplugin_inline.registry import RUNNERS
 from mmplugin_inline.weights import damage_of, mmengine_checkpoint_loading
+
+from .legacy_resume import upgrade_optimizer_state
 
 #: the ``runner_type`` that selects :class:`SafeCheckpointRunner`, from any scope
 RUNNER_TYPE = 'mmplugin_inline.SafeCheckpointRunner'
@@ -109,6 +112,9 @@ class SafeCheckpointRunner(Runner):
     * **Random state**: :class:`~mmplugin_inline.engine.RandomStateHook` is added to
       ``custom_hooks`` (once), so a resumed deterministic run draws the random numbers
       of the uninterrupted one.
+    * **Files of release 0.1**: the backbones upgrade their keys on loading, and a
+      resumed run gets the file's optimizer state in today's parameter order
+      (:mod:`~mmplugin_inline.engine.legacy_resume`).
     """
 
     #: Read the checkpoint with full unpickling, which runs code from the file (only for
@@ -133,6 +139,21 @@ class SafeCheckpointRunner(Runner):
         with mmengine_checkpoint_loading(allow_unsafe=allow_unsafe,
                                          verify_hash=bool(self.cfg.get('verify_hash', True))):
             return super().load_or_resume()
+
+    def load_checkpoint(self, filename: str, map_location='cpu', strict: bool = False,
+                        revise_keys: list = [(r'^module.', '')]):  # noqa: B006 (mmengine's)
+        """mmengine's ``load_checkpoint``; the optimizer state of a file of release 0.1 is
+        reordered to today's parameters (:func:`upgrade_optimizer_state`)."""
+        checkpoint = super().load_checkpoint(filename, map_location=map_location, strict=strict,
+                                             revise_keys=revise_keys)
+        if isinstance(checkpoint, dict) and isinstance(checkpoint.get('state_dict'), dict) \
+                and 'optimizer' in checkpoint:
+            model = self.model.module if is_model_wrapper(self.model) else self.model
+            upgraded = upgrade_optimizer_state(model, checkpoint['state_dict'],
+                                               checkpoint['optimizer'])
+            if upgraded is not None:
+                checkpoint['optimizer'] = upgraded
+        return checkpoint
 
     def save_checkpoint(self, out_dir: str, filename: str, file_client_args=None,
                         save_optimizer: bool = True, save_param_scheduler: bool = True,

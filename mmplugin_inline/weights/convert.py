@@ -149,9 +149,8 @@ def convert_state_dict(sd: Dict[str, torch.Tensor], family: Union[type, str],
 
 
 def _list_lengths(keys) -> Dict[str, set]:
-    """``{module list: indices}`` over ``keys``: ``block1.2.attn.q.weight`` gives index 2
-    of ``block1``, ``layers.2.blocks.5.mlp...`` index 2 of ``layers`` and 5 of
-    ``layers.2.blocks``."""
+    """``{module list: indices}`` over ``keys``: ``stages.2.blocks.5.mlp...`` gives index 2
+    of ``stages`` and 5 of ``stages.2.blocks``."""
     lists: Dict[str, set] = {}
     for key in keys:
         parts = key.split('.')
@@ -163,7 +162,8 @@ def _list_lengths(keys) -> Dict[str, set]:
 
 def depth_differences(own_keys, checkpoint_keys) -> List[str]:
     """Module lists (blocks, stages, branches) that have another length in the
-    checkpoint than in the model, as ``'block1: 3 in the checkpoint, 2 in the model'``."""
+    checkpoint than in the model, as ``'stages.0.blocks: 3 in the checkpoint, 2 in the
+    model'``."""
     own, theirs = _list_lengths(own_keys), _list_lengths(checkpoint_keys)
     return [f'{name}: {len(theirs[name])} in the checkpoint, {len(own[name])} in the model'
             for name in own if name in theirs and own[name] != theirs[name]]

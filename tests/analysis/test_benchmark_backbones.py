@@ -60,7 +60,7 @@ def test_sizes_predicted_over_the_caps_are_skipped_with_the_reason():
 def test_window_sweep_cuts_windows_to_each_stage_map():
     models = bench.window_models(28, (112, 112))                 # stage maps 28, 14, 7, 4
     for name, model in models.items():
-        sizes = [layer.blocks[0].attn.window_size for layer in model.layers]
+        sizes = [stage.blocks[0].attn.window_size for stage in model.stages]
         assert sizes == [28, 14, 7, 4], name
         with torch.no_grad():
             outs = model.eval()(torch.randn(1, 3, 112, 112))

@@ -197,7 +197,8 @@ def test_inline_pvt_t_backbone_at_1333x800_matches_hand_count(tmp_path):
     for i, (c, heads) in enumerate(zip(PVT_T['embed_dims'], PVT_T['num_heads'])):
         n = (800 // (4 * 2 ** i)) * (1344 // (4 * 2 ** i))
         for j in range(PVT_T['depths'][i]):
-            assert analyzer.total(f'block{i + 1}.{j}.attn') == inline_attention_macs(n, c, heads)
+            assert analyzer.total(f'stages.{i}.blocks.{j}.attn') == \
+                inline_attention_macs(n, c, heads)
     assert flops == pvt_backbone_macs(PVT_T, 'IIII', (800, 1344))
     assert name == 'backbone' and 11.0e6 < params < 12.0e6
     report = flop_count.format_report(result)
@@ -227,7 +228,7 @@ def test_whole_mask_rcnn_rows_and_backbone_figure(tmp_path, capsys):
     assert set(result['uncounted_ops']) >= {'prim::PythonOp.RoIAlignFunction'}
     get_flops_tool.main([config, '--shape', '64', '96', '--backbone-only', '--breakdown', '1'])
     out = capsys.readouterr().out
-    assert '| backbone' in out and 'block1' in out and '3 x 64 x 96' in out
+    assert '| backbone' in out and 'stages' in out and '3 x 64 x 96' in out
 
 
 def test_segmentor_rows_and_no_unknown_ops(tmp_path):

@@ -134,12 +134,9 @@ def first_attention_layer(family: str):
     arch = dict(cls.arch_settings['t'])
     if family == 'InLineDeiT':
         model = cls(arch=dict(arch, depth=1), out_indices=(0,), drop_path_rate=0.0)
-        block = model.blocks[0]
     else:
         model = cls(arch=dict(arch, depths=[1] * len(arch['depths'])), drop_path_rate=0.0)
-        block = {'InLinePVT': lambda: model.block1[0],
-                 'InLineSwinTransformer': lambda: model.layers[0].blocks[0],
-                 'InLineCSWinTransformer': lambda: model.stage1[0]}[family]()
+    block = model.stages[0].blocks[0]
     return block, block.norm1.normalized_shape[0]
 
 

@@ -147,10 +147,10 @@ def test_masks_are_built_once_per_size_and_equal_the_built_ones():
     other = wa.shifted_window_mask((14, 14), (14, 14), (7, 7), (3, 3))
     assert other is not first and not torch.equal(other, first)
     keys = ((9, 12), (7, 10), (3, 4), 2)
-    valid = wa.padding_key_mask(*keys)
-    assert wa.padding_key_mask(*keys) is valid
-    assert torch.equal(valid, wa._padding_key_mask(*keys, None))
-    assert wa.padding_key_mask((9, 12), (9, 12), (3, 4), 2) is None
+    valid = wa.padding_real_mask(*keys)
+    assert wa.padding_real_mask(*keys) is valid
+    assert torch.equal(valid, wa._padding_real_mask(*keys, None))
+    assert wa.padding_real_mask((9, 12), (9, 12), (3, 4), 2) is None
 
 
 def test_a_mask_cached_under_inference_mode_serves_training():

@@ -18,6 +18,7 @@ from helpers.tiny_models import REPO, TINY_BACKBONES
 from helpers.tool_configs import tiny_sem_fpn
 from mmplugin_inline.cli import pytorch2onnx
 from mmplugin_inline.deployment import onnx as export
+from mmplugin_inline.deployment import verify
 from mmplugin_inline.models.layers import PatchEmbed
 from mmplugin_inline.registry import MODELS
 
@@ -30,7 +31,7 @@ VERIFY_HW = [(61, 83), (77, 101)]
 
 
 def _check(rows, tol=1e-4):
-    message = export.check_rows(rows, tol)
+    message = verify.check_rows(rows, tol)
     assert message is None, message
     assert {r['batch'] for r in rows} == {1, 2}
     assert {r['hw'] for r in rows} == set(VERIFY_HW)
@@ -68,9 +69,9 @@ def test_patch_embed_pads_by_the_input_size(tmp_path):
     module = Maps().eval()
     path = str(tmp_path / 'embed.onnx')
     export.export_onnx(module, (64, 80), path)
-    rows = export.verify_onnx(module, path, [(63, 85), (250, 333)])
+    rows = verify.verify_onnx(module, path, [(63, 85), (250, 333)])
     assert {r['shape'][2:] for r in rows} == {(16, 22), (63, 84)}
-    assert export.check_rows(rows, 1e-5) is None, export.check_rows(rows, 1e-5)
+    assert verify.check_rows(rows, 1e-5) is None, verify.check_rows(rows, 1e-5)
 
 
 def test_mmseg_upsampling_keeps_the_input_size_in_the_exported_graph():
@@ -109,9 +110,9 @@ def test_backbone_export_matches_pytorch(family, tmp_path):
     result = export.export_onnx(model, EXPORT_HW, path)
     batch, _, h, w = result['ranges']
     assert batch[0] <= 2 and all(r[0] <= min(hw) for r in (h, w) for hw in VERIFY_HW)
-    rows = export.verify_onnx(model, path, VERIFY_HW)
+    rows = verify.verify_onnx(model, path, VERIFY_HW)
     _check(rows)
-    print(family, export.format_rows(rows))
+    print(family, verify.format_rows(rows))
 
 
 @pytest.mark.slow

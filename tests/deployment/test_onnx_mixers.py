@@ -6,6 +6,7 @@ import torch
 
 from helpers.tiny_models import TINY_BACKBONES
 from mmplugin_inline.deployment import onnx as export
+from mmplugin_inline.deployment import verify
 from mmplugin_inline.registry import MODELS
 
 pytest.importorskip('onnxruntime')
@@ -18,9 +19,10 @@ def test_linear_blocks_export_and_verify(block_types, local_residual, tmp_path):
     torch.manual_seed(0)
     model = MODELS.build(dict(type='InLinePVT', arch=arch, **dict(extra, block_types=block_types),
                               local_residual=local_residual)).eval()
-    assert [b.attn.attn_type for b in model.block2] == [block_types[1]] * len(model.block2)
+    blocks = model.stages[1].blocks
+    assert [b.attn.attn_type for b in blocks] == [block_types[1]] * len(blocks)
     path = str(tmp_path / 'pvt.onnx')
     export.export_onnx(model, (64, 96), path)
-    rows = export.verify_onnx(model, path, [(61, 83), (77, 101)])
+    rows = verify.verify_onnx(model, path, [(61, 83), (77, 101)])
     assert {r['hw'] for r in rows} == {(61, 83), (77, 101)}
-    assert export.check_rows(rows, 1e-4) is None, export.check_rows(rows, 1e-4)
+    assert verify.check_rows(rows, 1e-4) is None, verify.check_rows(rows, 1e-4)

@@ -18,8 +18,9 @@ from helpers.runs import PYTHON, ok, run_tool
 from helpers.tiny_models import REPO, shrink_model
 from helpers.tool_configs import tiny_sem_fpn
 from mmplugin_inline.deployment import detector as det
+from mmplugin_inline.deployment import detector_check as check
+from mmplugin_inline.deployment import metadata, runtime, verify
 from mmplugin_inline.deployment import onnx as export
-from mmplugin_inline.deployment import runtime
 
 pytest.importorskip('onnxruntime')
 # one worker runs this file: its slow tests share one export (a module fixture)
@@ -59,31 +60,31 @@ def tiny_detector(name):
 
 
 def _inputs():
-    return export.random_inputs(VERIFY_HW, seed=1)
+    return verify.random_inputs(VERIFY_HW, seed=1)
 
 
 def test_match_detections_counts_label_box_and_score():
     boxes = np.array([[0, 0, 10, 10], [20, 20, 40, 30], [5, 5, 9, 9]], dtype=np.float32)
     ref = dict(boxes=boxes, scores=np.array([0.9, 0.8, 0.7]), labels=np.array([0, 1, 2]))
-    same = det.match_detections(ref, dict(ref))
+    same = check.match_detections(ref, dict(ref))
     assert (same['matched'], same['share']) == (3, 1.0)
     got = dict(boxes=boxes.copy(), scores=ref['scores'].copy(), labels=ref['labels'].copy())
     got['labels'][0] = 1                 # another label
     got['boxes'][1, 2] += 1.0            # IoU 20 x 10 / 21 x 10 = 0.952
     got['scores'][2] += 2e-3             # score off by more than 1e-3
-    assert det.match_detections(ref, got)['matched'] == 0
+    assert check.match_detections(ref, got)['matched'] == 0
     got = {k: v[:2] for k, v in ref.items()}  # one missing: 2 of 3
-    r = det.match_detections(ref, got)
+    r = check.match_detections(ref, got)
     assert (r['matched'], r['share']) == (2, pytest.approx(2 / 3))
-    assert det.match_detections({k: v[:0] for k, v in ref.items()},
+    assert check.match_detections({k: v[:0] for k, v in ref.items()},
                                 {k: v[:0] for k, v in ref.items()})['share'] == 1.0
     # a box 0.1 px tall, rounded to 0.01 px: IoU 0.9, every coordinate within box_tol
     thin = dict(boxes=np.array([[3.0, 47.837, 6.7, 47.937]]), scores=np.array([0.5]),
                 labels=np.array([0]))
     rounded = dict(thin, boxes=np.round(thin['boxes'], 2))
-    assert det.match_detections(thin, rounded)['matched'] == 0
-    assert det.match_detections(thin, rounded, box_tol=0.006)['matched'] == 1
-    assert det.match_detections(thin, dict(rounded, boxes=rounded['boxes'] + 0.01),
+    assert check.match_detections(thin, rounded)['matched'] == 0
+    assert check.match_detections(thin, rounded, box_tol=0.006)['matched'] == 1
+    assert check.match_detections(thin, dict(rounded, boxes=rounded['boxes'] + 0.01),
                                 box_tol=0.006)['matched'] == 0
 
 
@@ -121,11 +122,11 @@ def test_detector_graph_is_mmdets_predict(name):
     padded = torch.randn(1, 3, 96, 128, generator=torch.Generator().manual_seed(2))
     cases = [(x, tuple(x.shape[2:])) for x in _inputs()] + [(padded, (71, 101))]
     for x, img_hw in cases:
-        ref = det.torch_detections(model, x, img_hw)
+        ref = check.torch_detections(model, x, img_hw)
         with torch.no_grad():
             got = dict(zip(graph.output_names, (t.numpy() for t in graph(
                 x, torch.tensor(img_hw)))))
-        r = det.match_detections(ref, got)
+        r = check.match_detections(ref, got)
         assert r['ref'] > 10 and r['share'] == 1.0, r
         assert got['labels'].dtype == np.int64 and got['masks'].dtype == np.bool_
         assert got['masks'].shape[1:] == tuple(x.shape[2:])
@@ -150,7 +151,7 @@ def test_cascade_mask_rcnn_exports_and_matches(tmp_path):
     result = export.export_onnx(graph, (64, 96), path, batch=1,
                                 output_names=graph.output_names)
     assert result['ranges'][:2] == [1, 3]
-    rows = export.verify_detector(model, path, _inputs())
+    rows = verify.verify_detector(model, path, _inputs())
     print(rows, f'export {result["seconds"]:.1f} s')
     assert all(r['ref'] > 10 and r['share'] >= 0.99 for r in rows), rows
     assert all(r['mask_equal'] >= 0.999 for r in rows), rows
@@ -209,7 +210,7 @@ def test_cli_exports_and_verifies_a_whole_mask_rcnn(mask_rcnn_export):
     assert '| random 61x83 | 61x83 |' in text and 'Verified: matched detections' in text
     _assert_standard_ops(out)
     meta = {p.key: p.value for p in onnx.load(out, load_external_data=False).metadata_props}
-    record = json.loads(meta[export.METADATA_KEY])
+    record = json.loads(meta[metadata.METADATA_KEY])
     assert record['task'] == 'detection' and record['size_divisor'] == 32
     assert record['resize'] == dict(scale=list(TEST_SCALE), keep_ratio=True)
     assert record['bgr_to_rgb'] and record['mean'] == [123.675, 116.28, 103.53]
@@ -294,7 +295,7 @@ def test_onnx_inference_runs_without_torch_or_mmdet(mask_rcnn_export, tmp_path):
         assert (got['boxes'] >= 0).all() and (got['boxes'] <= [w, h, w, h]).all()
         ref = _mmdet_detections(config, checkpoint, str(images / name))
         # the runtime's JSON rounds boxes to 0.01 px (and scores to 1e-5)
-        r = det.match_detections(ref, got, iou=0.99, score_tol=1e-3, box_tol=0.006)
+        r = check.match_detections(ref, got, iou=0.99, score_tol=1e-3, box_tol=0.006)
         assert r['ref'] > 10 and r['share'] >= 0.99, (name, r)
         equal = [np.mean(ref['masks'][i] == runtime._decode_rle(dets[j]['mask']))
                  for i, j in r['pairs']]

@@ -101,7 +101,7 @@ def test_norm_eval_keeps_batchnorm_in_eval():
     model = build('InLinePVT', norm_eval=True)
     model.bn = torch.nn.BatchNorm2d(4)  # a configured BN anywhere in the backbone
     model.train()
-    assert not model.bn.training and model.block1.training
+    assert not model.bn.training and model.stages[0].training
 
 
 @pytest.mark.parametrize('name', FAMILIES)
@@ -190,7 +190,8 @@ def test_released_checkpoint_keys_and_shapes_match_the_presets(model_name):
     assert {k: tuple(v.shape) for k, v in sd.items()} == {k: tuple(own[k].shape) for k in sd}
     # only per-output norms are new: those of the inner stages (the released final norm
     # becomes the last one), or all four for PVT, whose released model has no final norm
-    new_norms = r'norm[0-3]' if family == 'InLinePVT' else r'norm[0-2]'
+    # (each stage's output norm: stages.<i>.norm)
+    new_norms = r'stages\.[0-3]\.norm' if family == 'InLinePVT' else r'stages\.[0-2]\.norm'
     assert all(re.fullmatch(new_norms + r'\.(weight|bias)', k) for k in set(own) - set(sd))
     # the preset has the released parameter count (the header's, minus the classifier)
     n_released = float(re.search(r'([\d.]+)M parameters', header).group(1)) * 1e6
@@ -211,3 +212,71 @@ def test_simple_feature_pyramid_on_deit_gives_strides_4_to_64():
         expect = tuple(-(-x // stride) for x in hw)
         assert out.shape == (1, 8, *expect), stride
         assert out.is_contiguous()  # for RoIAlign
+
+
+class _ZeroKernels(torch.nn.Module):
+    """A stand-in for the local residual's kernel predictor: all kernels zero."""
+
+    def forward(self, mean_token):
+        return mean_token.new_zeros(*mean_token.shape, 3, 3)
+
+
+@pytest.mark.parametrize('name', FAMILIES)
+def test_a_module_swapped_in_through_named_modules_is_the_one_that_runs(name):
+    """What tools that swap child modules do (LoRA injection, FSDP wrapping, quantisation
+    preparation, a user's hook): every local-residual predictor replaced by name, through
+    ``named_modules``, by one whose output is zero. The output must change, and equal a
+    model built without the local residual (same weights otherwise)."""
+    from mmplugin_inline.models.layers import Mixer, ResidualKernelPredictor
+    torch.manual_seed(0)
+    model = build(name).eval()
+    bare = build(name, local_residual=False).eval()
+    bare.load_state_dict({k: v for k, v in model.state_dict().items() if 'residual' not in k})
+    x = torch.randn(1, 3, 61, 83)
+    with torch.no_grad():
+        before = model(x)
+    paths = [path for path, m in model.named_modules() if isinstance(m, ResidualKernelPredictor)]
+    assert paths and all(path.endswith('.mixer.residual') for path in paths)
+    for path in paths:
+        parent, _, leaf = path.rpartition('.')
+        setattr(model.get_submodule(parent), leaf, _ZeroKernels())
+    called = []
+    for m in model.modules():
+        if isinstance(m, Mixer):  # hooks on a mixer run: it is in the tree
+            m.register_forward_hook(lambda *args: called.append(1))
+    with torch.no_grad():
+        after, without = model(x), bare(x)
+    assert called
+    assert any((a - b).abs().max() > 1e-4 for a, b in zip(after, before))
+    for a, b in zip(after, without):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize('arch, timm_name', [
+    ('deit-t', 'vit_tiny_patch16_224'),
+    pytest.param('deit-s', 'vit_small_patch16_224', marks=pytest.mark.slow)])
+def test_the_paper_softmax_deit_baselines_are_timm_vits(arch, timm_name):
+    """``arch='deit-t'`` is the paper's softmax DeiT-T (3 heads; ``arch='t'`` with softmax
+    blocks keeps InLine-DeiT-T's 6): timm's model with the same weights, copied through
+    the family's checkpoint filter, gives the same tokens."""
+    timm = pytest.importorskip('timm')
+    from mmplugin_inline.weights import convert_state_dict
+    torch.manual_seed(0)
+    theirs = timm.create_model(timm_name, pretrained=False).eval()
+    ours = MODELS.build(dict(type='InLineDeiT', arch=arch, out_indices=(-1,), final_norm=True,
+                             drop_path_rate=0.0)).eval()
+    assert all(blk.attn.attn_type == 'S' and blk.attn.num_heads == theirs.blocks[0].attn.num_heads
+               for stage in ours.stages for blk in stage.blocks)
+    sd = convert_state_dict(theirs.state_dict(), 'InLineDeiT', ours)
+    ours.load_state_dict(sd)
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        expected = theirs.forward_features(x)                          # [1, 1 + 196, C], normed
+        _, hw, final = ours.forward_tokens(x)
+        tokens = ours.norm(final)
+        maps = ours(x)[-1]
+    torch.testing.assert_close(tokens, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(maps, expected[:, 1:].transpose(1, 2).reshape(maps.shape),
+                               rtol=1e-4, atol=1e-4)
+    inline_t = MODELS.build(dict(type='InLineDeiT', arch='t', block_types='S'))
+    assert inline_t.stages[0].blocks[0].attn.num_heads == 6

@@ -123,11 +123,8 @@ def test_bad_input_tensors_are_named(tiny, name, row):
 
 
 def _poison_first_block_of_stage_2(model, name):
-    blocks = {'InLinePVT': lambda m: m.block2[0], 'InLineSwinTransformer':
-              lambda m: m.layers[1].blocks[0], 'InLineCSWinTransformer': lambda m: m.stage2[0],
-              'InLineDeiT': lambda m: m.blocks[1]}
-    with torch.no_grad():
-        blocks[name](model).mlp.fc2.bias[0] = float('nan')
+    with torch.no_grad():  # DeiT's stages are its blocks
+        model.stages[1].blocks[0].mlp.fc2.bias[0] = float('nan')
 
 
 def _poison_stem(model, name):
@@ -253,8 +250,7 @@ def test_a_checkpoint_of_another_depth_is_an_error_not_a_partial_load(name, dire
         target.init_weights()
     message = str(exc.value)
     assert 'for another arch / size' in message and 'set arch to the preset' in message
-    first = {'InLinePVT': 'block1', 'InLineSwinTransformer': 'layers.0.blocks',
-             'InLineCSWinTransformer': 'stage1', 'InLineDeiT': 'blocks'}[name]
+    first = 'stages' if name == 'InLineDeiT' else 'stages.0.blocks'  # DeiT: one block a stage
     n = len(list(_list(target, first)))
     expect = (f'{first}: {n + 1} in the checkpoint, {n} in the model' if direction ==
               'deeper_file' else f'{first}: {n - 1} in the checkpoint, {n} in the model')

@@ -104,7 +104,7 @@ def test_global_inline_attention_matches_the_definition_with_residual():
         split = lambda t: t.view(-1, heads, c // heads).transpose(0, 1)[None]  # noqa
         ref = inline_attention_reference(split(q), split(k), split(v))[0].transpose(0, 1)
         ref = ref.reshape(-1, c)
-        kernels = attn.residual(x.mean(1))
+        kernels = attn.mixer.residual(x.mean(1))
         res = local_residual_reference(v[1:].T.reshape(1, c, h, w), kernels)[0]
         ref[1:] += res.reshape(c, -1).T          # the cls token gets no local residual
         ref = attn.proj(ref)
@@ -122,16 +122,19 @@ def test_a_letter_selects_a_mixer_class_in_one_table():
     assert mixer_class('L') is LinearMixer and mixer_class(SoftmaxMixer) is SoftmaxMixer
     assert InLineMixer.linear_in_tokens and LinearMixer.linear_in_tokens
     assert SoftmaxMixer.takes_bias and not InLineMixer.takes_bias and not LinearMixer.takes_bias
-    # the layer shows its letter; the mixer's parameters are the layer's, under the
-    # authors' names; a copied or pickled layer keeps them shared with its mixer
+    # the layer shows its letter; the mixer is a registered child that owns its
+    # parameters (in the module tree: named_modules, copies and mode changes reach it)
     attn = GlobalAttention(8, 2, 'I')
-    assert attn.attn_type == 'I' and attn.residual is attn.mixer.residual
+    assert attn.attn_type == 'I' and dict(attn.named_children())['mixer'] is attn.mixer
     assert [n for n, _ in attn.named_parameters() if 'residual' in n] == [
-        'residual.0.weight', 'residual.0.bias', 'residual.2.weight', 'residual.2.bias']
+        'mixer.residual.0.weight', 'mixer.residual.0.bias', 'mixer.residual.2.weight',
+        'mixer.residual.2.bias']
+    assert 'mixer.residual.0' in dict(attn.named_modules())
     for other in (copy.deepcopy(attn), pickle.loads(pickle.dumps(attn))):
-        assert other.residual is other.mixer.residual and other.residual is not attn.residual
-    assert not hasattr(GlobalAttention(8, 2, 'S'), 'residual')
-    assert not hasattr(GlobalAttention(8, 2, 'I', local_residual=False), 'residual')
+        assert dict(other.named_children())['mixer'] is other.mixer
+        assert other.mixer.residual is not attn.mixer.residual
+    assert not hasattr(GlobalAttention(8, 2, 'S').mixer, 'residual')
+    assert GlobalAttention(8, 2, 'I', local_residual=False).mixer.residual is None
     assert GlobalAttention(8, 2, 'L').mixer.kernel == 'relu'           # its own default phi
     assert not attn.eval().mixer.training and attn.train().mixer.training
 

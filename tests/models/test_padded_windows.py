@@ -13,7 +13,7 @@ from mmplugin_inline.core import (
     local_residual_reference,
 )
 from mmplugin_inline.models.layers import CSWinBranch, WindowAttention
-from mmplugin_inline.models.layers.window_attention import padding_key_mask
+from mmplugin_inline.models.layers.window_attention import padding_real_mask
 
 TOL = {torch.float32: dict(rtol=2e-5, atol=2e-5), torch.float64: dict(rtol=1e-10, atol=1e-10)}
 
@@ -84,7 +84,7 @@ def _per_window_reference(attn, x, hw, ws):
             q, k, v = attn.qkv(tokens).chunk(3, dim=-1)
             att = inline_attention_reference(split(q), split(k), split(v))
             att = att.transpose(1, 2).reshape(b, rh * rw, c)
-            kernels = attn.residual(tokens.mean(dim=1))
+            kernels = attn.mixer.residual(tokens.mean(dim=1))
             res = local_residual_reference(v.transpose(1, 2).reshape(b, c, rh, rw), kernels)
             out[:, top:top + rh, left:left + rw] = (att + res.flatten(2).transpose(1, 2)).view(
                 b, rh, rw, c)
@@ -108,8 +108,8 @@ def test_inline_windows_on_padded_maps_match_each_window_alone(hw, ws):
 
 
 def test_unpadded_windows_take_the_unmasked_path():
-    assert padding_key_mask((8, 12), (8, 12), (4, 4), 2) is None
-    mask = padding_key_mask((8, 8), (6, 7), (4, 4), 2)
+    assert padding_real_mask((8, 12), (8, 12), (4, 4), 2) is None
+    mask = padding_real_mask((8, 8), (6, 7), (4, 4), 2)
     assert mask.shape == (8, 16) and mask.dtype == torch.bool
     assert mask[:4].sum(1).tolist() == [16, 12, 8, 6]          # windows batch-major
     torch.testing.assert_close(mask[4:], mask[:4])

@@ -13,13 +13,17 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from mmplugin_inline.core import nlc_to_nchw
 from mmplugin_inline.models.layers import (
     VALID_HW_ATTR,
+    TokenMap,
     check_with_cp,
     contiguous_map,
     parse_block_types,
     stochastic_depth_rates,
     valid_sizes_of,
 )
-from mmplugin_inline.weights import load_pretrained
+from mmplugin_inline.weights import load_pretrained, rename_keys
+
+from .input_checks import check_finite, check_input
+from .legacy_keys import MIXER_RENAMES
 
 ARCH_ALIASES = {'tiny': 't', 'small': 's', 'medium': 'm', 'base': 'b', 'large': 'l'}
 
@@ -61,30 +65,32 @@ def normalize_out_indices(out_indices, num_outputs: int, family: str):
     return tuple(sorted(set(result)))
 
 
-def fp32_outputs_under_autocast(module, args, outputs):
+def fp32_under_autocast(x: torch.Tensor) -> torch.Tensor:
     """The dtype policy of every family's outputs: float32 under autocast.
 
     mmdet's own Swin and PVT end each output with a LayerNorm, which CUDA autocast
     runs in float32, so their maps are float32 under ``--amp``; ours are too, on any
-    device (CPU autocast would otherwise give some families bf16, others fp32).
-    Outside autocast the outputs keep the dtype they were computed in. A forward hook
-    (set in :class:`InLineBackbone`) so that it holds for families that do not build
-    their outputs with ``_output`` (DeiT).
+    device (CPU autocast would otherwise give some outputs bf16). Outside autocast the
+    outputs keep the dtype they were computed in.
     """
-    def cast(x):
-        if x.is_floating_point() and x.dtype not in (torch.float32, torch.float64) \
-                and torch.is_autocast_enabled(x.device.type):
-            return x.float()  # preserves the (contiguous) layout
-        return x
-    return type(outputs)(cast(x) for x in outputs) if isinstance(outputs, (tuple, list)) \
-        else cast(outputs)
+    if x.is_floating_point() and x.dtype not in (torch.float32, torch.float64) \
+            and torch.is_autocast_enabled(x.device.type):
+        return x.float()  # preserves the (contiguous) layout
+    return x
 
 
 class InLineBackbone(BaseModule):
-    """Base of the InLine backbones.
+    """Base of the InLine backbones: a list of stages run by one loop.
 
-    Subclasses define ``stage_modules()`` (the modules of the stem and of each stage,
-    for ``frozen_stages``) and may define the classmethod ``checkpoint_filter(sd, model)``.
+    A family builds ``self.stages``, an ``nn.ModuleList`` of
+    :class:`~mmplugin_inline.models.layers.Stage` (downsampling or embedding, optional
+    cls token and position embedding, blocks, output norm), and may define the
+    classmethod ``checkpoint_filter(sd, model)``; :meth:`forward` is the one loop over the
+    stages, passing a :class:`~mmplugin_inline.models.layers.TokenMap` from one to the
+    next. State-dict keys are ``stages.<i>.<downsample|cls_token|pos_embed|blocks|norm>``;
+    files of release 0.1 load through the family's :meth:`legacy_renames`, applied on any
+    ``load_state_dict`` (mmengine's ``load_checkpoint``, ``load_from``, ``--resume``) and
+    by :meth:`checkpoint_filter` (``init_cfg=dict(type='Pretrained')``).
 
     A family keeps its facts beside it, as class attributes: ``arch_settings`` (the
     presets), ``short_name`` (its name in file names: ``checkpoints/<short_name>_<arch>.pth``,
@@ -100,9 +106,14 @@ class InLineBackbone(BaseModule):
     renames from the released key names to the backbone's, and given the model, the
     adaptation to it (resized position embeddings and tables, the final norm's place).
 
-    ``frozen_stages``: -1 freezes nothing; 0 the stem (first patch embedding); ``k``
-    the stem and the first ``k`` stages. It holds after ``train()``. ``norm_eval``
-    keeps BatchNorm layers (if any are configured) in eval mode during training.
+    The arguments of that contract (``frozen_stages``, ``norm_eval``, ``with_cp``,
+    ``init_cfg``, ``check_finite``, ``pad_aware``) reach :meth:`__init__` from a
+    family's keyword arguments (``**contract``), beside its own and ``in_channels``.
+
+    ``frozen_stages``: -1 freezes nothing; 0 the stem (the first stage's embedding); ``k``
+    the stem and the first ``k`` stages (each with the downsampling before its blocks). It
+    holds after ``train()``. ``norm_eval`` keeps BatchNorm layers (if any are configured)
+    in eval mode during training.
     ``with_cp`` (gradient checkpointing while training): False keeps every activation;
     True recomputes each whole block in the backward pass; 'mlp' only the norm2 + MLP
     half of each block (its widest activations); 'attn' only the norm1 + attention
@@ -139,6 +150,8 @@ class InLineBackbone(BaseModule):
     released_weights: Dict[str, Tuple[str, str]] = {}
     checkpoint_signature: Optional[str] = None
     checkpoint_buffers: Optional[str] = None
+    #: what ``check_finite`` calls a stage in its messages
+    stage_unit = 'stage'
 
     def __init__(self, frozen_stages: int = -1, norm_eval: bool = False, with_cp=False,
                  init_cfg=None, in_channels: int = 3, check_finite: bool = False,
@@ -149,7 +162,6 @@ class InLineBackbone(BaseModule):
         self.frozen_stages, self.norm_eval = frozen_stages, norm_eval
         self.with_cp = check_with_cp(with_cp, type(self).__name__)
         self.in_channels, self.check_finite = in_channels, check_finite
-        self.register_forward_hook(fp32_outputs_under_autocast)
 
     @classmethod
     def released_files(cls) -> Dict[str, Tuple[str, str]]:
@@ -163,8 +175,41 @@ class InLineBackbone(BaseModule):
         """The family's hook on a released checkpoint's state dict (classifier and buffers
         dropped already): its keys renamed to the backbone's and, given ``model``, adapted
         to that model. Renames must leave the backbone's own key names as they are: a
-        converted file comes through here again. The default changes nothing."""
-        return sd
+        converted file comes through here again. The default applies the legacy-key
+        upgrade (:meth:`upgrade_legacy_keys`) only."""
+        return cls.upgrade_legacy_keys(sd, model=model)
+
+    @classmethod
+    def legacy_renames(cls, num_stages: Optional[int] = None) -> list:
+        """``(regex, replacement)`` pairs from the keys of release 0.1 (the module tree
+        before the stages were unified) to this family's keys, after the mixer's rename
+        (:data:`MIXER_RENAMES`). ``num_stages`` is the model's, where a rename needs it."""
+        return []
+
+    @classmethod
+    def upgrade_legacy_keys(cls, sd: Dict[str, torch.Tensor], prefix: str = '',
+                            model: Optional['InLineBackbone'] = None
+                            ) -> Dict[str, torch.Tensor]:
+        """The one legacy-key upgrade: the keys of ``sd`` under ``prefix`` renamed from
+        release 0.1's module tree to today's (keys already new are left as they are)."""
+        num_stages = len(model.stages) if model is not None else None
+        renames = MIXER_RENAMES + cls.legacy_renames(num_stages)
+        if not prefix:
+            return rename_keys(sd, renames)
+        inner = rename_keys({k[len(prefix):]: None for k in sd if k.startswith(prefix)}, renames)
+        names = dict(zip((k for k in sd if k.startswith(prefix)), inner))
+        return type(sd)((prefix + names[k] if k in names else k, v) for k, v in sd.items())
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        """Every ``load_state_dict`` (torch's, mmengine's ``load_checkpoint``, ``load_from``,
+        ``--resume``) reads files of release 0.1 through :meth:`upgrade_legacy_keys`."""
+        upgraded = self.upgrade_legacy_keys(state_dict, prefix, self)
+        if list(upgraded) != list(state_dict):
+            state_dict.clear()
+            state_dict.update(upgraded)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
+                                      missing_keys, unexpected_keys, error_msgs)
 
     def adapt_pretrained(self, sd: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """``sd`` (a released checkpoint's state dict) through this model's family hook,
@@ -188,23 +233,41 @@ class InLineBackbone(BaseModule):
                 stochastic_depth_rates(depths, drop_path_rate))
 
     def _add_out_norms(self, out_norm: bool, norm_cfg: dict) -> None:
-        """One norm per output (``norm{i}``), as mmdet's Swin has."""
+        """One norm per output (the norm of each stage in ``out_indices``)."""
         self.out_norm = out_norm
         if out_norm:
             for i in self.out_indices:
-                self.add_module(f'norm{i}', build_norm_layer(norm_cfg, self.embed_dims[i])[1])
+                self.stages[i].norm = build_norm_layer(norm_cfg, self.embed_dims[i])[1]
 
-    def _out_norms_of(self, i: int) -> list:
-        return [getattr(self, f'norm{i}')] if self.out_norm and i in self.out_indices else []
+    def _output(self, stage, t: TokenMap) -> torch.Tensor:
+        """A stage's tokens as its (normed) contiguous NCHW output, zero outside each
+        image's real tokens in pad-aware mode, float32 under autocast."""
+        return fp32_under_autocast(contiguous_map(nlc_to_nchw(stage.output(t), t.hw)))
 
-    def _output(self, i: int, x, hw, valid=None):
-        """Stage ``i``'s tokens [B, N, C] as the (normed), contiguous NCHW output; in
-        pad-aware mode (``valid``) zero outside each image's real tokens."""
-        for norm in self._out_norms_of(i):
-            x = norm(x)
-        if valid is not None:
-            x = valid.zero(x)
-        return contiguous_map(nlc_to_nchw(x, hw))
+    def run_stages(self, x: torch.Tensor, valid_hw=None) -> List[TokenMap]:
+        """The one forward loop: the stages up to the last of ``out_indices`` (later ones
+        would be unused); returns their :class:`TokenMap`, one per stage run."""
+        self._check_input(x)
+        real = self._valid_pixels(x, valid_hw)
+        t = TokenMap(self._stem_input(x, real), tuple(x.shape[-2:]), real)
+        maps = []
+        for i in range(max(self.out_indices) + 1):
+            t = self.stages[i].embed(t)
+            if i == 0:
+                self._check_finite(t.x, 0)
+            t = self.stages[i](t, self.with_cp)
+            self._check_finite(t.x, i + 1, self.stage_unit)
+            maps.append(t)
+        return maps
+
+    def forward(self, x: torch.Tensor, valid_hw=None) -> Tuple[torch.Tensor, ...]:
+        """x: [B, C_in, H, W] -> a tuple of NCHW maps, one per ``out_indices``.
+
+        ``valid_hw``: each image's valid (h, w) in pad-aware mode (see the class
+        docstring).
+        """
+        maps = self.run_stages(x, valid_hw)
+        return tuple(self._output(self.stages[i], maps[i]) for i in self.out_indices)
 
     def _valid_pixels(self, x: torch.Tensor, valid_hw=None):
         """Pad-aware mode: the pixel :class:`~mmplugin_inline.models.layers.ValidGrid`
@@ -230,10 +293,10 @@ class InLineBackbone(BaseModule):
         return valid_sizes_of(x, valid_hw)
 
     @staticmethod
-    def _stem_input(x: torch.Tensor, valid):
+    def _stem_input(x: torch.Tensor, real):
         """The input with its padding zeroed (pad-aware mode), as the stem's own zero
-        padding of an image alone; unchanged when ``valid`` is None."""
-        return x if valid is None else valid.zero_map(x)
+        padding of an image alone; unchanged when ``real`` is None."""
+        return x if real is None else real.zero_map(x)
 
     def _final_norm_to_last_out_norm(self, sd: dict) -> dict:
         """A released checkpoint's final norm initialises the last output norm."""
@@ -241,67 +304,27 @@ class InLineBackbone(BaseModule):
         if self.out_norm and last in self.out_indices:
             for p in ('weight', 'bias'):
                 if f'norm.{p}' in sd:
-                    sd[f'norm{last}.{p}'] = sd.pop(f'norm.{p}')
+                    sd[f'stages.{last}.norm.{p}'] = sd.pop(f'norm.{p}')
         return sd
 
     def stage_modules(self) -> List[List[nn.Module]]:
-        """[stem modules, stage-1 modules, ...]; parameters count as modules here."""
-        raise NotImplementedError
+        """[stem modules, stage-1 modules, ...] for ``frozen_stages``: the stem is the
+        first stage's embedding (parameters count as modules here)."""
+        return [self.stages[0].embed_modules()] + [[stage] for stage in self.stages]
 
     def _check_input(self, x) -> None:
         """Called first in ``forward``: ``x`` must be a non-empty float batch
-        ``[B, in_channels, H, W]``; with ``check_finite``, also free of NaN / Inf.
-
-        The shape and dtype checks read only metadata; the finiteness check reads every
-        value, so it runs only when the backbone was built with ``check_finite=True``.
-        """
-        name = type(self).__name__
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f'{name} takes a tensor [B, {self.in_channels}, H, W], got '
-                            f'{type(x).__name__}: stack the images into one float tensor (the '
-                            "model's data preprocessor does this)")
-        if x.dim() != 4:
-            raise ValueError(f'{name} takes a 4-D batch [B, {self.in_channels}, H, W], got shape '
-                             f'{tuple(x.shape)}' + (': add the batch dimension (x[None])'
-                                                    if x.dim() == 3 else ''))
-        if x.shape[1] != self.in_channels:
-            raise ValueError(f'{name} was built with in_channels={self.in_channels} (input '
-                             f'[B, {self.in_channels}, H, W]) but the input has {x.shape[1]} '
-                             f'channels (shape {tuple(x.shape)}): set '
-                             f'in_channels={x.shape[1]} in the backbone config, or give '
-                             f'{self.in_channels}-channel images')
-        if not x.is_floating_point():
-            raise TypeError(f'{name} takes floating-point images, got a {x.dtype} tensor: convert '
-                            'it (x.float(), normalised as in training), or let the model\'s data '
-                            'preprocessor (DetDataPreprocessor / SegDataPreprocessor) do it')
-        if x.numel() == 0:
-            raise ValueError(f'{name} got an empty input of shape {tuple(x.shape)}: '
-                             + ('the batch holds no images; skip empty batches or check the data '
-                                'loader (e.g. all images filtered out)' if x.shape[0] == 0 else
-                                'an image with no pixels; check the resizing / cropping'))
+        ``[B, in_channels, H, W]``; with ``check_finite``, also free of NaN / Inf
+        (:func:`~.input_checks.check_input`)."""
+        check_input(type(self).__name__, self.in_channels, x)
         self._check_finite(x, -1)
 
     def _check_finite(self, x: torch.Tensor, stage: int, unit: str = 'stage') -> None:
         """With ``check_finite``: raise when ``x`` holds NaN / Inf, naming where they first
         appeared (``stage`` -1: the input, 0: the stem / patch embedding, k: ``unit`` k).
-        Families call it after the stem and after each stage; off, it costs nothing."""
-        if not self.check_finite or torch.isfinite(x).all():
-            return
-        nan, inf = int(torch.isnan(x).sum()), int(torch.isinf(x).sum())
-        counts = f'{nan} NaN and {inf} Inf of {x.numel()} values'
-        name = type(self).__name__
-        if stage < 0:
-            raise FloatingPointError(
-                f'{name} (check_finite=True): the input holds non-finite values ({counts}): '
-                'check the images and the data pipeline (e.g. a normalisation std of 0, or a '
-                'corrupt image file)')
-        where = 'the stem (patch embedding)' if stage == 0 else f'{unit} {stage}'
-        before = 'the input was' if stage == 0 else 'the input and the earlier layers were'
-        raise FloatingPointError(
-            f'{name} (check_finite=True): non-finite values first appear in {where} ({counts}); '
-            f'{before} finite. Usual causes: weights that diverged (lower the learning rate, '
-            'clip gradients, check the loaded checkpoint) or fp16 overflow (train in fp32 or '
-            'bf16)')
+        :meth:`run_stages` calls it after the stem and each stage; off, it costs nothing."""
+        if self.check_finite:
+            check_finite(type(self).__name__, x, stage, unit)
 
     def _freeze_stages(self) -> None:
         groups = self.stage_modules()

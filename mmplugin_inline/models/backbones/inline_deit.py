@@ -1,26 +1,23 @@
 """InLine-DeiT: a plain ViT with InLine attention, outputting maps of chosen blocks."""
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import torch
 import torch.nn as nn
 from mmcv.cnn import build_norm_layer
 from mmengine.logging import print_log
 
-from mmplugin_inline.core import nlc_to_nchw
 from mmplugin_inline.models.layers import (
     GlobalAttention,
     PatchEmbed,
+    Stage,
     TransformerBlock,
-    contiguous_map,
     parse_block_types,
-    place_pos_embed,
     resize_pos_embed,
-    run_blocks,
-    stochastic_depth_rates,
 )
 from mmplugin_inline.registry import MODELS
 
-from .base import InLineBackbone, normalize_out_indices, resolve_arch
+from .base import InLineBackbone, resolve_arch
+from .legacy_keys import stage_renames
 
 
 @MODELS.register_module()
@@ -36,13 +33,18 @@ class InLineDeiT(InLineBackbone):
     pair it with mmseg's ``MultiLevelNeck`` or :class:`SimpleFeaturePyramid`.
 
     Args:
-        arch (str | dict): 't', 's', 'b' or a dict with ``embed_dim``, ``depth``, ``num_heads``.
+        arch (str | dict): 't', 's', 'b' (InLine-DeiT), 'deit-t', 'deit-s', 'deit-b' (the
+            paper's softmax baselines, DeiT-T / S / B: other widths and heads, softmax
+            blocks) or a dict with ``embed_dim``, ``depth``, ``num_heads`` (``block_types``,
+            ``pretrain_img_size`` optional).
         in_channels (int): Default: 3.
         patch_size (int): Default: 16.
         pretrain_img_size (int, optional): None takes the arch's training size.
-        block_types (str): one letter for every block ('I', 'S' or 'L'; 'M' + count for
-            InLine then softmax, as the pyramids' stages) or one letter per block (e.g.
-            'IIIIIISSSSSS' for depth 12). Default: 'I'.
+        block_types (str, optional): one letter for every block ('I', 'S' or 'L'; 'M' +
+            count for InLine then softmax, as the pyramids' stages) or one letter per block
+            (e.g. 'IIIIIISSSSSS' for depth 12); None takes the arch's ('I', or 'S' for the
+            baselines). ``arch='t', block_types='S'`` keeps InLine-DeiT-T's 6 heads: the
+            paper's softmax DeiT-T (3 heads) is ``arch='deit-t'``. Default: None.
         kernel (str, optional): feature map of the linear blocks (see
             :class:`InLineBackbone`). Default: None.
         local_residual (bool): linear blocks with their local residual (see
@@ -74,6 +76,14 @@ class InLineDeiT(InLineBackbone):
         't': dict(embed_dim=192, depth=12, num_heads=6, pretrain_img_size=224),
         's': dict(embed_dim=320, depth=12, num_heads=10, pretrain_img_size=288),
         'b': dict(embed_dim=384, depth=12, num_heads=12, pretrain_img_size=448),
+        # the paper's softmax baselines (DeiT-T / S / B: timm's vit_{tiny,small,base}_patch16_224),
+        # whose widths and heads differ from the InLine presets of the same size
+        'deit-t': dict(embed_dim=192, depth=12, num_heads=3, pretrain_img_size=224,
+                       block_types='S'),
+        'deit-s': dict(embed_dim=384, depth=12, num_heads=6, pretrain_img_size=224,
+                       block_types='S'),
+        'deit-b': dict(embed_dim=768, depth=12, num_heads=12, pretrain_img_size=224,
+                       block_types='S'),
     }
     short_name = 'inline_deit'
     released_weights = {
@@ -82,6 +92,7 @@ class InLineDeiT(InLineBackbone):
         'b': ('InLine-DeiT-B', 'https://cloud.tsinghua.edu.cn/f/10bdd726d4b0435eb34e/?dl=1'),
     }
     checkpoint_signature = r'^blocks\.\d+\.attn\.'
+    stage_unit = 'block'
 
     @classmethod
     def config_from_authors_args(cls, args: dict) -> dict:
@@ -95,35 +106,38 @@ class InLineDeiT(InLineBackbone):
     def __init__(self, arch='s', in_channels=3, patch_size=16, pretrain_img_size=None,
                  kernel=None, mlp_ratio=4.0, qkv_bias=True, drop_rate=0.0,
                  drop_path_rate=0.1, out_indices=(3, 5, 7, 11), final_norm=False,
-                 frozen_stages=-1, norm_eval=False, with_cp=False,
-                 norm_cfg=dict(type='LN', eps=1e-6), act_cfg=dict(type='GELU'), init_cfg=None,
-                 check_finite=False, pad_aware=False, block_types='I', local_residual=True):
-        super().__init__(frozen_stages, norm_eval, with_cp, init_cfg, in_channels,
-                         check_finite, pad_aware)
+                 norm_cfg=dict(type='LN', eps=1e-6), act_cfg=dict(type='GELU'),
+                 block_types=None, local_residual=True, **contract):
+        super().__init__(in_channels=in_channels, **contract)
         cfg = resolve_arch(arch, self.arch_settings, 'InLineDeiT',
                            ('embed_dim', 'depth', 'num_heads'))
         dim, depth = cfg['embed_dim'], cfg['depth']
-        self.embed_dims = dim
+        block_types = block_types or cfg.get('block_types', 'I')
         self.depth = depth
         size = pretrain_img_size or cfg.get('pretrain_img_size', 224)
         self.grid = (size // patch_size, size // patch_size)
-        self.out_indices = normalize_out_indices(out_indices, depth, 'InLineDeiT')
-        self.patch_embed = PatchEmbed(in_channels, dim, patch_size)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
-        self.pos_embed = nn.Parameter(torch.zeros(1, 1 + self.grid[0] * self.grid[1], dim))
-        self.pos_drop = nn.Dropout(drop_rate)
-        dpr = stochastic_depth_rates([depth], drop_path_rate)[0]
         # one letter per block: the string read as `depth` one-block stages
         per_block = isinstance(block_types, str) and len(block_types) == depth
         letters = sum(parse_block_types(block_types, [1] * depth if per_block else [depth],
                                         'InLineDeiT'), [])
-        self.blocks = nn.ModuleList([
-            TransformerBlock(dim,
-                             GlobalAttention(dim, cfg['num_heads'], letter, qkv_bias, kernel,
-                                             num_prefix=1, proj_drop=drop_rate,
-                                             local_residual=local_residual),
-                             mlp_ratio, dpr[j], drop_rate, norm_cfg, act_cfg)
-            for j, letter in enumerate(letters)])
+        # a plain ViT is a pyramid of one-block stages of one width: the first embeds
+        # the patches, the cls token and the position embedding
+        _, types, dpr = self._init_pyramid(
+            dict(depths=[1] * depth, embed_dims=[dim] * depth), out_indices, ''.join(letters),
+            drop_path_rate)
+        self.stages = nn.ModuleList()
+        for j in range(depth):
+            # the embedding before the first block (built first: the seeded initialisation
+            # depends on the order)
+            embed = dict(downsample=PatchEmbed(in_channels, dim, patch_size), dim=dim,
+                         pos_grid=self.grid, pos_mode='bicubic', cls_token=True,
+                         drop=drop_rate) if j == 0 else {}
+            block = TransformerBlock(
+                dim, GlobalAttention(dim, cfg['num_heads'], types[j][0], qkv_bias, kernel,
+                                     num_prefix=1, proj_drop=drop_rate,
+                                     local_residual=local_residual),
+                mlp_ratio, dpr[j][0], drop_rate, norm_cfg, act_cfg)
+            self.stages.append(Stage([block], **embed))
         self.final_norm = final_norm
         if final_norm:
             if depth - 1 not in self.out_indices:
@@ -132,74 +146,54 @@ class InLineDeiT(InLineBackbone):
                     f'({depth - 1}), but out_indices={self.out_indices} does not return it, so '
                     f'the norm would never be used; add {depth - 1} (or -1) to out_indices '
                     'or set final_norm=False')
-            self.norm = build_norm_layer(norm_cfg, dim)[1]
+            self.stages[-1].norm = build_norm_layer(norm_cfg, dim)[1]
         self._init_from_scratch()
 
-    def stage_modules(self):
-        stem = [self.patch_embed, self.cls_token, self.pos_embed]
-        return [stem] + [stem + [blk] for blk in self.blocks]
+    @property
+    def norm(self) -> Optional[nn.Module]:
+        """The final norm (the released checkpoints' ``norm``), with ``final_norm`` only."""
+        return self.stages[-1].norm
+
+    @classmethod
+    def legacy_renames(cls, num_stages=None):
+        """Release 0.1 (and the authors' files): ``patch_embed``, ``cls_token``,
+        ``pos_embed``, ``blocks.<j>``, the final norm ``norm`` (after the last block)."""
+        renames = [(r'^patch_embed\.', 'stages.0.downsample.'),
+                   (r'^(cls_token|pos_embed)$', 'stages.0.\\1'),
+                   (r'^blocks\.(\d+)\.', 'stages.{n}.blocks.0.')]
+        if num_stages:
+            renames.append((r'^norm\.', f'stages.{num_stages - 1}.norm.'))
+        return stage_renames(renames)
 
     @classmethod
     def checkpoint_filter(cls, sd: Dict[str, torch.Tensor],
                           model: Optional[InLineBackbone] = None) -> Dict[str, torch.Tensor]:
-        """A released checkpoint to this backbone (its keys are ours already), adapted to
-        ``model`` when given.
+        """A released checkpoint to this backbone (the authors' keys are those of release
+        0.1: :meth:`legacy_renames`), adapted to ``model`` when given.
 
         Resizes a position embedding trained at another size. Without ``final_norm`` the
         checkpoint's final norm (``norm.weight`` / ``norm.bias``) has no place in the model:
         it is dropped, and the drop logged, rather than reported as unexpected keys.
         """
-        if model is None:
-            return sd
-        if not model.final_norm:
+        if model is not None and not model.final_norm:
             dropped = [k for k in ('norm.weight', 'norm.bias') if sd.pop(k, None) is not None]
             if dropped:
                 print_log(f'InLineDeiT: dropped {", ".join(dropped)} of the checkpoint: '
                           'final_norm=False does not use a final norm', logger='current')
-        pos = sd.get('pos_embed')
-        if pos is not None and pos.shape != model.pos_embed.shape:
+        # the final norm goes to the last stage given the model (``legacy_renames``);
+        # without it, it keeps its released name
+        sd = cls.upgrade_legacy_keys(sd, model=model)
+        if model is None:
+            return sd
+        pos = sd.get('stages.0.pos_embed')
+        if pos is not None and pos.shape != model.stages[0].pos_embed.shape:
             side = int(round((pos.shape[1] - 1) ** 0.5))
-            sd['pos_embed'] = resize_pos_embed(pos, (side, side), model.grid, num_prefix=1,
-                                               mode='bicubic')
+            sd['stages.0.pos_embed'] = resize_pos_embed(pos, (side, side), model.grid,
+                                                        num_prefix=1, mode='bicubic')
         return sd
 
     def forward_tokens(self, x: torch.Tensor, valid_hw=None):
-        """Run the model; return ([B, 1 + N, C] after each out block, grid (H', W'), final)."""
-        return self._run(x, valid_hw)[:3]
-
-    def _run(self, x: torch.Tensor, valid_hw=None):
-        """:meth:`forward_tokens`, plus the token grid of pad-aware mode (or None)."""
-        self._check_input(x)
-        valid = self._valid_pixels(x, valid_hw)
-        x, hw = self.patch_embed(self._stem_input(x, valid))
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        if valid is None:
-            pos = resize_pos_embed(self.pos_embed, self.grid, hw, num_prefix=1, mode='bicubic')
-        else:  # each image's own grid, placed into the canvas
-            valid = valid.down(self.patch_embed.patch_size, hw)
-            pos = place_pos_embed(self.pos_embed, self.grid, valid, resize_pos_embed,
-                                  num_prefix=1, mode='bicubic')
-        x = self.pos_drop(x + pos)
-        self._check_finite(x, 0)
-        outs = []
-        for j in range(max(self.out_indices) + 1):
-            x = run_blocks(self.blocks[j:j + 1], x, hw, self.with_cp, valid)
-            self._check_finite(x, j + 1, 'block')
-            if j in self.out_indices:
-                outs.append(x)
-        return outs, hw, x, valid
-
-    def forward(self, x: torch.Tensor, valid_hw=None) -> Tuple[torch.Tensor, ...]:
-        """x: [B, C_in, H, W] -> tuple of [B, embed_dim, ceil(H/16), ceil(W/16)];
-        ``valid_hw``: each image's valid (h, w) in pad-aware mode (see
-        :class:`InLineBackbone`)."""
-        outs, hw, _, valid = self._run(x, valid_hw)
-        maps = []
-        for j, tokens in zip(self.out_indices, outs):
-            if self.final_norm and j == self.depth - 1:
-                tokens = self.norm(tokens)
-            tokens = tokens[:, 1:]
-            if valid is not None:
-                tokens = valid.zero(tokens)
-            maps.append(contiguous_map(nlc_to_nchw(tokens, hw)))
-        return tuple(maps)
+        """Run the model; return ([B, 1 + N, C] after each out block, grid (H', W'), final
+        tokens)."""
+        maps = self.run_stages(x, valid_hw)
+        return [maps[j].x for j in self.out_indices], maps[-1].hw, maps[-1].x

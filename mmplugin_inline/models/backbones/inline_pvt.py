@@ -1,22 +1,21 @@
 """InLine-PVT: the Pyramid Vision Transformer with InLine attention at full resolution."""
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import torch
 import torch.nn as nn
 
-from mmplugin_inline.core import nlc_to_nchw
 from mmplugin_inline.models.layers import (
     GlobalAttention,
     PatchEmbed,
+    Stage,
     TransformerBlock,
     mixer_class,
-    place_pos_embed,
     resize_pos_embed,
-    run_blocks,
 )
 from mmplugin_inline.registry import MODELS
 
 from .base import InLineBackbone, resolve_arch
+from .legacy_keys import stage_renames
 
 _COMMON = dict(embed_dims=[64, 128, 320, 512], num_heads=[2, 4, 10, 16], mlp_ratios=[8, 8, 4, 4],
                sr_ratios=[8, 4, 2, 1])
@@ -38,11 +37,14 @@ class InLinePVT(InLineBackbone):
     norms: they start at weight 1, bias 0.
 
     Args:
-        arch (str | dict): 't', 's', 'm', 'l' or a dict with ``embed_dims``,
-            ``num_heads``, ``mlp_ratios``, ``depths`` (``sr_ratios`` optional).
+        arch (str | dict): 't', 's', 'm', 'l' (InLine-PVT), 'pvt-t', 'pvt-s', 'pvt-m',
+            'pvt-l' (the paper's softmax baselines, PVT-T ... L: other head counts, softmax
+            blocks) or a dict with ``embed_dims``, ``num_heads``, ``mlp_ratios``,
+            ``depths`` (``sr_ratios``, ``block_types`` optional).
         in_channels (int): input channels. Default: 3.
-        block_types (str): one letter per stage, 'I', 'S' or 'L' (see
-            :func:`~mmplugin_inline.models.layers.parse_block_types`). Default: 'IIII'.
+        block_types (str, optional): one letter per stage, 'I', 'S' or 'L' (see
+            :func:`~mmplugin_inline.models.layers.parse_block_types`); None takes the
+            arch's ('IIII', or 'SSSS' for the baselines). Default: None.
         kernel (str, optional): feature map of the linear blocks (see
             :class:`InLineBackbone`). Default: None.
         local_residual (bool): linear blocks with their local residual (see
@@ -72,6 +74,10 @@ class InLinePVT(InLineBackbone):
         's': dict(_COMMON, depths=[3, 4, 6, 3]),
         'm': dict(_COMMON, depths=[3, 4, 18, 3]),
         'l': dict(_COMMON, depths=[3, 8, 27, 3]),
+        # the paper's softmax baselines (PVT-T / S / M / L): half the heads, softmax blocks
+        **{f'pvt-{k}': dict(_COMMON, num_heads=[1, 2, 5, 8], depths=d, block_types='SSSS')
+           for k, d in (('t', [2, 2, 2, 2]), ('s', [3, 4, 6, 3]), ('m', [3, 4, 18, 3]),
+                        ('l', [3, 8, 27, 3]))},
     }
     short_name = 'inline_pvt'
     released_weights = {
@@ -91,85 +97,57 @@ class InLinePVT(InLineBackbone):
                               mlp_ratios=args['mlp_ratios'], depths=args['depths']),
                     norm_cfg=dict(type='LN', eps=args['norm_eps']))
 
-    def __init__(self, arch='t', in_channels=3, block_types='IIII', kernel=None,
+    def __init__(self, arch='t', in_channels=3, block_types=None, kernel=None,
                  pretrain_img_size=224, qkv_bias=True, drop_rate=0.0, drop_path_rate=0.1,
-                 out_indices=(0, 1, 2, 3), out_norm=True, frozen_stages=-1, norm_eval=False,
-                 with_cp=False, norm_cfg=dict(type='LN', eps=1e-6), act_cfg=dict(type='GELU'),
-                 init_cfg=None, check_finite=False, pad_aware=False, local_residual=True):
-        super().__init__(frozen_stages, norm_eval, with_cp, init_cfg, in_channels,
-                         check_finite, pad_aware)
+                 out_indices=(0, 1, 2, 3), out_norm=True, norm_cfg=dict(type='LN', eps=1e-6),
+                 act_cfg=dict(type='GELU'), local_residual=True, **contract):
+        super().__init__(in_channels=in_channels, **contract)
         cfg = resolve_arch(arch, self.arch_settings, 'InLinePVT',
                            ('embed_dims', 'num_heads', 'mlp_ratios', 'depths'))
         sr_ratios = cfg.get('sr_ratios', _COMMON['sr_ratios'])
-        dims, types, dpr = self._init_pyramid(cfg, out_indices, block_types, drop_path_rate)
-        self.pos_drop = nn.Dropout(drop_rate)
-        self.grid_sizes = []
+        dims, types, dpr = self._init_pyramid(cfg, out_indices,
+                                              block_types or cfg.get('block_types', 'IIII'),
+                                              drop_path_rate)
+        self.stages = nn.ModuleList()
         for i in range(self.num_stages):
-            patch = 4 if i == 0 else 2
-            self.add_module(f'patch_embed{i + 1}', PatchEmbed(
-                in_channels if i == 0 else dims[i - 1], dims[i], patch, norm_cfg=dict(type='LN')))
-            grid = pretrain_img_size // (4 * 2 ** i)
-            self.grid_sizes.append((grid, grid))
-            self.register_parameter(f'pos_embed{i + 1}',
-                                    nn.Parameter(torch.zeros(1, grid * grid, dims[i])))
-            self.add_module(f'block{i + 1}', nn.ModuleList([
-                TransformerBlock(
-                    dims[i],
-                    GlobalAttention(dims[i], cfg['num_heads'][i], attn_type=t, qkv_bias=qkv_bias,
-                                    kernel=kernel, separate_q=True,
-                                    # a quadratic mixer (softmax) reduces its keys
-                                    sr_ratio=1 if mixer_class(t).linear_in_tokens
-                                    else sr_ratios[i],
-                                    proj_drop=drop_rate, local_residual=local_residual),
-                    mlp_ratio=cfg['mlp_ratios'][i], drop_path=dpr[i][j], drop=drop_rate,
-                    norm_cfg=norm_cfg, act_cfg=act_cfg) for j, t in enumerate(types[i])]))
+            patch, grid = (4 if i == 0 else 2), pretrain_img_size // (4 * 2 ** i)
+            # built before the blocks: the seeded initialisation depends on the order
+            embed = PatchEmbed(in_channels if i == 0 else dims[i - 1], dims[i], patch,
+                               norm_cfg=dict(type='LN'))
+            blocks = [TransformerBlock(
+                dims[i],
+                GlobalAttention(dims[i], cfg['num_heads'][i], attn_type=t, qkv_bias=qkv_bias,
+                                kernel=kernel, separate_q=True,
+                                # a quadratic mixer (softmax) reduces its keys
+                                sr_ratio=1 if mixer_class(t).linear_in_tokens else sr_ratios[i],
+                                proj_drop=drop_rate, local_residual=local_residual),
+                mlp_ratio=cfg['mlp_ratios'][i], drop_path=dpr[i][j], drop=drop_rate,
+                norm_cfg=norm_cfg, act_cfg=act_cfg) for j, t in enumerate(types[i])]
+            self.stages.append(Stage(blocks, embed, dims[i], pos_grid=(grid, grid), drop=drop_rate))
         self._add_out_norms(out_norm, norm_cfg)
         self._init_from_scratch()
 
-    def stage_modules(self):
-        stages = [[getattr(self, f'patch_embed{i + 1}'), getattr(self, f'pos_embed{i + 1}'),
-                   getattr(self, f'block{i + 1}')] + self._out_norms_of(i)
-                  for i in range(self.num_stages)]
-        return [stages[0][:2]] + stages
+    @classmethod
+    def legacy_renames(cls, num_stages=None):
+        """Release 0.1 (and the authors' files): ``patch_embed1``, ``pos_embed1``,
+        ``block1`` per stage, output norms ``norm0`` ...: the stages counted from 1."""
+        return stage_renames([(r'^patch_embed(\d+)\.', 'stages.{prev}.downsample.'),
+                              (r'^pos_embed(\d+)$', 'stages.{prev}.pos_embed'),
+                              (r'^block(\d+)\.', 'stages.{prev}.blocks.'),
+                              (r'^norm(\d+)\.', 'stages.{n}.norm.')])
 
     @classmethod
     def checkpoint_filter(cls, sd: Dict[str, torch.Tensor],
                           model: Optional[InLineBackbone] = None) -> Dict[str, torch.Tensor]:
-        """A released checkpoint to this backbone (its keys are ours already); given
-        ``model``, its position embeddings resized to the model's grids."""
+        """A released checkpoint to this backbone (the authors' keys are those of release
+        0.1: :meth:`legacy_renames`); given ``model``, its position embeddings resized to
+        the model's grids."""
+        sd = cls.upgrade_legacy_keys(sd, model=model)
         if model is None:
             return sd
-        for i, grid in enumerate(model.grid_sizes):
-            key = f'pos_embed{i + 1}'
+        for i, stage in enumerate(model.stages):
+            key, grid = f'stages.{i}.pos_embed', stage.pos_grid
             if key in sd and sd[key].shape[1] != grid[0] * grid[1]:
                 side = int(round(sd[key].shape[1] ** 0.5))
                 sd[key] = resize_pos_embed(sd[key], (side, side), grid)
         return sd
-
-    def forward(self, x: torch.Tensor, valid_hw=None) -> Tuple[torch.Tensor, ...]:
-        """x: [B, C_in, H, W] -> tuple of [B, embed_dims[i], ~H/4/2**i, ~W/4/2**i].
-
-        ``valid_hw``: each image's valid (h, w) in pad-aware mode (see
-        :class:`InLineBackbone`).
-        """
-        self._check_input(x)
-        valid = self._valid_pixels(x, valid_hw)
-        x = self._stem_input(x, valid)
-        outs = []
-        for i in range(max(self.out_indices) + 1):  # later stages would be unused
-            x, hw = getattr(self, f'patch_embed{i + 1}')(x)
-            if i == 0:
-                self._check_finite(x, 0)
-            pos_embed = getattr(self, f'pos_embed{i + 1}')
-            if valid is None:
-                pos = resize_pos_embed(pos_embed, self.grid_sizes[i], hw)
-            else:  # each image's own grid, placed into the canvas
-                valid = valid.down(4 if i == 0 else 2, hw)
-                pos = place_pos_embed(pos_embed, self.grid_sizes[i], valid, resize_pos_embed)
-            x = run_blocks(getattr(self, f'block{i + 1}'), self.pos_drop(x + pos), hw,
-                           self.with_cp, valid)
-            self._check_finite(x, i + 1)
-            if i in self.out_indices:
-                outs.append(self._output(i, x, hw, valid))
-            x = nlc_to_nchw(x, hw)
-        return tuple(outs)

@@ -1,5 +1,5 @@
 """InLine-Swin: Swin Transformer whose InLine blocks attend over the whole map."""
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import torch
 import torch.nn as nn
@@ -9,14 +9,15 @@ from mmplugin_inline.models.layers import (
     GlobalAttention,
     PatchEmbed,
     PatchMerging,
+    Stage,
     TransformerBlock,
     WindowAttention,
     mixer_class,
-    run_blocks,
 )
 from mmplugin_inline.registry import MODELS
 
 from .base import InLineBackbone, resolve_arch
+from .legacy_keys import stage_renames
 
 
 def swin_attention(letter, dim, num_heads, qkv_bias, kernel, window_size, shift, inline_window,
@@ -103,12 +104,10 @@ class InLineSwinTransformer(InLineBackbone):
 
     def __init__(self, arch='t', in_channels=3, block_types=None, kernel=None, window_size=7,
                  inline_window=None, mlp_ratio=4.0, qkv_bias=True, drop_rate=0.0,
-                 drop_path_rate=0.2, out_indices=(0, 1, 2, 3), out_norm=True, frozen_stages=-1,
-                 norm_eval=False, with_cp=False, norm_cfg=dict(type='LN'),
-                 act_cfg=dict(type='GELU'), init_cfg=None, check_finite=False, pad_aware=False,
-                 local_residual=True):
-        super().__init__(frozen_stages, norm_eval, with_cp, init_cfg, in_channels,
-                         check_finite, pad_aware)
+                 drop_path_rate=0.2, out_indices=(0, 1, 2, 3), out_norm=True,
+                 norm_cfg=dict(type='LN'), act_cfg=dict(type='GELU'), local_residual=True,
+                 **contract):
+        super().__init__(in_channels=in_channels, **contract)
         cfg = resolve_arch(arch, self.arch_settings, 'InLineSwinTransformer',
                            ('embed_dim', 'depths', 'num_heads'))
         depths = cfg['depths']
@@ -116,35 +115,37 @@ class InLineSwinTransformer(InLineBackbone):
         dims, types, dpr = self._init_pyramid(
             cfg, out_indices, block_types or cfg.get('block_types', 'I' * len(depths)),
             drop_path_rate)
-        self.patch_embed = PatchEmbed(in_channels, dims[0], 4, norm_cfg=norm_cfg)
-        self.pos_drop = nn.Dropout(drop_rate)
-        self.layers = nn.ModuleList()
+        self.stages = nn.ModuleList()
         for i in range(len(depths)):
-            stage = nn.Module()
-            blocks = []
-            for j, letter in enumerate(types[i]):
-                attn = swin_attention(letter, dims[i], cfg['num_heads'][i], qkv_bias, kernel,
-                                      window_size, j % 2 == 1, inline_window, drop_rate,
-                                      local_residual)
-                blocks.append(TransformerBlock(dims[i], attn, mlp_ratio, dpr[i][j], drop_rate,
-                                               norm_cfg, act_cfg))
-            stage.blocks = nn.ModuleList(blocks)
-            if i < self.num_stages - 1:
-                stage.downsample = PatchMerging(dims[i], norm_cfg)
-            self.layers.append(stage)
+            # the patch embedding before the first stage, merging before the others; built
+            # before the blocks (the seeded initialisation depends on the order)
+            downsample = PatchEmbed(in_channels, dims[0], 4, norm_cfg=norm_cfg) if i == 0 \
+                else PatchMerging(dims[i - 1], norm_cfg)
+            blocks = [TransformerBlock(dims[i], swin_attention(
+                letter, dims[i], cfg['num_heads'][i], qkv_bias, kernel, window_size, j % 2 == 1,
+                inline_window, drop_rate, local_residual), mlp_ratio, dpr[i][j], drop_rate,
+                norm_cfg, act_cfg) for j, letter in enumerate(types[i])]
+            self.stages.append(Stage(blocks, downsample, drop=drop_rate if i == 0 else None))
         self._add_out_norms(out_norm, norm_cfg)
         self._init_from_scratch()
 
-    def stage_modules(self):
-        return [[self.patch_embed]] + [[self.patch_embed, layer] + self._out_norms_of(i)
-                                       for i, layer in enumerate(self.layers)]
+    @classmethod
+    def legacy_renames(cls, num_stages=None):
+        """Release 0.1 (and the authors' files): ``patch_embed``, ``layers.<i>.blocks``,
+        the merging after stage i as ``layers.<i>.downsample``, output norms ``norm0`` ..."""
+        return stage_renames([(r'^patch_embed\.', 'stages.0.downsample.'),
+                              (r'^layers\.(\d+)\.blocks\.', 'stages.{n}.blocks.'),
+                              (r'^layers\.(\d+)\.downsample\.', 'stages.{next}.downsample.'),
+                              (r'^norm(\d+)\.', 'stages.{n}.norm.')])
 
     @classmethod
     def checkpoint_filter(cls, sd: Dict[str, torch.Tensor],
                           model: Optional[InLineBackbone] = None) -> Dict[str, torch.Tensor]:
-        """A released checkpoint to this backbone (its keys are ours already; its buffers,
-        ``checkpoint_buffers``, are dropped before); given ``model``: final norm -> last
-        output norm, relative position tables resized if needed."""
+        """A released checkpoint to this backbone (the authors' keys are those of release
+        0.1, :meth:`legacy_renames`; its buffers, ``checkpoint_buffers``, are dropped
+        before); given ``model``: final norm -> last output norm, relative position tables
+        resized if needed."""
+        sd = cls.upgrade_legacy_keys(sd, model=model)
         if model is None:
             return sd
         sd = model._final_norm_to_last_out_norm(sd)
@@ -156,26 +157,3 @@ class InLineSwinTransformer(InLineBackbone):
                 sd[key] = resize_rel_pos_bias_table_simple(
                     value, (model.window_size, model.window_size), tuple(own[key].shape))
         return sd
-
-    def forward(self, x: torch.Tensor, valid_hw=None) -> Tuple[torch.Tensor, ...]:
-        """x: [B, C_in, H, W] -> tuple of NCHW maps (see class docstring); ``valid_hw``:
-        each image's valid (h, w) in pad-aware mode (see :class:`InLineBackbone`)."""
-        self._check_input(x)
-        valid = self._valid_pixels(x, valid_hw)
-        x, hw = self.patch_embed(self._stem_input(x, valid))
-        if valid is not None:
-            valid = valid.down(4, hw)
-        self._check_finite(x, 0)
-        x = self.pos_drop(x)
-        outs = []
-        for i in range(max(self.out_indices) + 1):
-            layer = self.layers[i]
-            x = run_blocks(layer.blocks, x, hw, self.with_cp, valid)
-            self._check_finite(x, i + 1)
-            if i in self.out_indices:
-                outs.append(self._output(i, x, hw, valid))
-            if i < self.num_stages - 1:
-                x, hw = layer.downsample(x, hw)
-                if valid is not None:
-                    valid = valid.down(2, hw)
-        return tuple(outs)

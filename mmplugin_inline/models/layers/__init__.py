@@ -12,6 +12,7 @@ from .embed import ConvMerging, PatchEmbed, PatchMerging, contiguous_map, resize
 from .linear import Linear
 from .mixers import (
                      MIXERS,
+                     Group,
                      InLineMixer,
                      LinearCostMixer,
                      LinearMixer,
@@ -21,10 +22,12 @@ from .mixers import (
                      build_mixer,
                      check_heads,
                      describe_attn_types,
+                     masked_mean,
                      mixer_class,
                      parse_block_types,
 )
 from .padding import VALID_HW_ATTR, ValidGrid, place_pos_embed, valid_sizes_of
+from .stage import Stage, TokenMap
 from .stripe_attention import CSWinAttention, CSWinBranch
 from .window_attention import (
                      WindowAttention,
@@ -34,7 +37,8 @@ from .window_attention import (
 )
 
 __all__ = [
-    'MIXERS', 'Mixer', 'InLineMixer', 'LinearMixer', 'SoftmaxMixer', 'LinearCostMixer',
+    'MIXERS', 'Mixer', 'Group', 'masked_mean', 'Stage', 'TokenMap', 'InLineMixer',
+    'LinearMixer', 'SoftmaxMixer', 'LinearCostMixer',
     'build_mixer', 'mixer_class', 'describe_attn_types', 'check_heads', 'parse_block_types',
     'ResidualKernelPredictor', 'MultiHeadAttentionBase', 'GlobalAttention', 'WindowAttention',
     'WindowGrid', 'relative_position_index', 'shifted_window_mask', 'CSWinAttention',

@@ -6,11 +6,14 @@ Its subclasses differ only in how they group tokens: the whole map
 (:class:`GlobalAttention`, here), windows (``window_attention.py``, Swin) or
 cross-shaped stripes (``stripe_attention.py``, CSWin). Each has one forward path; a
 token that is not real (padding to whole windows, the pad-aware mode's batch padding)
-reaches the mixer as its ``key_mask``.
+reaches the mixer in its :class:`~.mixers.Group` (``real``).
 
-Parameter names follow the authors' released checkpoints (``qkv`` or ``q`` / ``kv``,
-``proj``, ``residual``, ``relative_position_bias_table``, ``get_v``, ``sr``) so that
-their weights load with few renames.
+The mixer is a registered child (``attn.mixer``): what runs is what ``named_modules``
+shows, so tools that swap or wrap modules (LoRA, FSDP, quantisation, hooks) reach it.
+Its parameters are therefore ``attn.mixer.residual.*``; the authors' ``attn.residual.*``
+are renamed on loading (each family's ``checkpoint_filter`` and the legacy-key upgrade of
+the backbones). The other names follow the authors' checkpoints (``qkv`` or ``q`` /
+``kv``, ``proj``, ``relative_position_bias_table``, ``get_v``, ``sr``).
 """
 from typing import Optional, Tuple
 
@@ -20,8 +23,7 @@ import torch.nn as nn
 from mmplugin_inline.core import nchw_to_nlc, nlc_to_nchw, pad_to_multiple
 
 from .linear import Linear
-from .mixers import build_mixer
-from .padding import token_mean
+from .mixers import Group, build_mixer
 
 __all__ = ['MultiHeadAttentionBase', 'GlobalAttention']
 
@@ -32,11 +34,8 @@ class MultiHeadAttentionBase(nn.Module):
     Subclasses project the tokens, group them (map, windows, stripes) and call
     :attr:`mixer` on each group.
 
-    The mixer creates and owns its parameters (InLine's ``residual``), but they are
-    registered here, under the layer, so that state-dict keys are the authors'
-    (``attn.residual.0.weight``, not ``attn.mixer.residual.0.weight``): the mixer
-    itself is kept as a plain attribute, outside the module tree, and its submodules
-    are added to this layer. Moving, copying and mode changes of the layer reach them.
+    The mixer is a registered child, :attr:`mixer`, that creates and owns its parameters
+    (InLine's ``residual``: ``attn.mixer.residual.0.weight``).
 
     Args:
         dim (int): width of q, k, v.
@@ -51,26 +50,18 @@ class MultiHeadAttentionBase(nn.Module):
     def __init__(self, dim: int, num_heads: int, attn_type='I', kernel: Optional[str] = None,
                  local_residual: bool = True):
         super().__init__()
-        mixer = build_mixer(attn_type, dim, num_heads, kernel, local_residual)
         self.dim, self.num_heads = dim, num_heads
-        # created first (as the kinds' parameters were): the seeded initialisation and
-        # the parameter order (optimizer state) depend on it
-        object.__setattr__(self, 'mixer', mixer)
-        for name, child in mixer.named_children():
-            self.add_module(name, child)
+        # created first: the seeded initialisation and the parameter order (optimizer
+        # state) depend on it
+        self.mixer = build_mixer(attn_type, dim, num_heads, kernel, local_residual)
 
     @property
     def attn_type(self) -> str:
         """The block letter of :attr:`mixer`."""
         return self.mixer.letter
 
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self.mixer.train(mode)
-        return self
-
     def extra_repr(self) -> str:
-        return f'dim={self.dim}, num_heads={self.num_heads}, mixer={self.mixer!r}'
+        return f'dim={self.dim}, num_heads={self.num_heads}'
 
 
 class GlobalAttention(MultiHeadAttentionBase):
@@ -117,29 +108,27 @@ class GlobalAttention(MultiHeadAttentionBase):
             return (self.q(x), *self.kv(kv_source).chunk(2, dim=-1))
         return self.qkv(x).chunk(3, dim=-1)
 
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int], valid=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int], real=None) -> torch.Tensor:
         """x: [B, num_prefix + H*W, C] (normed tokens), hw = (H, W) -> [B, N, C].
 
-        ``valid`` (a :class:`~.padding.ValidGrid`, pad-aware mode): each image's padded
+        ``real`` (a :class:`~.padding.ValidGrid`, pad-aware mode): each image's padded
         tokens are not real: they leave the mixer's statistics (key mask; the mean token
         is the real tokens' mean, prefix tokens counted), and with spatial reduction they
         are zeroed before the strided conv, so a reduced token sees what the image alone
         gives it, and reduced tokens without a real one are masked.
         """
         p = self.num_prefix
-        kv_source, keys = x, None
+        kv_source, real_tokens = x, None if real is None else real.token_mask(p)
+        real_keys = real_tokens
         if self.sr_ratio > 1:
             # pad to whole reduction cells so maps of any size (even smaller) reduce
-            x_map, _ = pad_to_multiple(nlc_to_nchw(x if valid is None else valid.zero(x), hw),
+            x_map, _ = pad_to_multiple(nlc_to_nchw(x if real is None else real.zero(x), hw),
                                        (self.sr_ratio,) * 2, channels_last=False)
             reduced = self.sr(x_map)
             kv_source = self.norm(nchw_to_nlc(reduced))
-            if valid is not None:  # the reduced grid's real tokens
-                keys = valid.down(self.sr_ratio, reduced.shape[2:]).token_mask()
-        elif valid is not None:
-            keys = valid.token_mask(p)
+            if real is not None:  # the reduced grid's real tokens
+                real_keys = real.down(self.sr_ratio, reduced.shape[2:]).token_mask()
         q, k, v = self.project(x, kv_source)
-        out = self.mixer(q, k, v, hw, mean_token=lambda: token_mean(x, valid, p), key_mask=keys,
-                         num_prefix=p)
+        out = self.mixer(q, k, v, Group(hw, real_keys, num_prefix=p, mean_of=(x, real_tokens)))
         return self.proj_drop(self.proj(out))
 

@@ -55,14 +55,14 @@ class TransformerBlock(nn.Module):
         self.norm2 = build_norm_layer(norm_cfg, dim)[1]
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_cfg, drop)
 
-    def attn_branch(self, x: torch.Tensor, hw: Tuple[int, int], valid=None) -> torch.Tensor:
+    def attn_branch(self, x: torch.Tensor, hw: Tuple[int, int], real=None) -> torch.Tensor:
         """The first residual branch, ``DP(attn(LN(x)))`` (what ``with_cp='attn'`` recomputes).
 
-        ``valid`` (pad-aware mode, a :class:`~.padding.ValidGrid`) is handed to the
-        attention as ``valid=``; None calls it as before.
+        ``real`` (pad-aware mode, a :class:`~.padding.ValidGrid`) is handed to the
+        attention as ``real=``; None calls it without.
         """
         normed = self.norm1(x)
-        extra = {} if valid is None else {'valid': valid}
+        extra = {} if real is None else {'real': real}
         mixed = self.attn(normed, hw, shortcut=x, **extra) if self.pass_block_input else \
             self.attn(normed, hw, **extra)
         return self.drop_path(mixed)
@@ -72,8 +72,8 @@ class TransformerBlock(nn.Module):
         return self.drop_path(self.mlp(self.norm2(x)))
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int], with_cp=False,
-                valid=None) -> torch.Tensor:
-        """x: [B, N, C]; hw: the (H, W) of the map the tokens form; ``valid``: the
+                real=None) -> torch.Tensor:
+        """x: [B, N, C]; hw: the (H, W) of the map the tokens form; ``real``: the
         per-image real tokens in pad-aware mode (an argument, so a recomputation in the
         backward pass gets it too), else None.
 
@@ -87,9 +87,9 @@ class TransformerBlock(nn.Module):
         """
         cp = with_cp if x.requires_grad else False
         if cp == 'attn':
-            x = x + checkpoint(self.attn_branch, x, hw, valid, use_reentrant=False)
+            x = x + checkpoint(self.attn_branch, x, hw, real, use_reentrant=False)
         else:
-            x = x + self.attn_branch(x, hw, valid)
+            x = x + self.attn_branch(x, hw, real)
         if cp == 'mlp':
             return x + checkpoint(self.mlp_branch, x, use_reentrant=False,
                                   context_fn=_keep_narrow_outputs)
@@ -139,7 +139,7 @@ def check_with_cp(with_cp, owner: str = 'with_cp'):
 
 
 def run_blocks(blocks, x: torch.Tensor, hw: Tuple[int, int], with_cp=False,
-               valid=None) -> torch.Tensor:
+               real=None) -> torch.Tensor:
     """Apply ``blocks`` in order, recomputing what ``with_cp`` says while training.
 
     ``with_cp`` is one of :data:`WITH_CP_MODES`: True checkpoints each whole block,
@@ -147,17 +147,17 @@ def run_blocks(blocks, x: torch.Tensor, hw: Tuple[int, int], with_cp=False,
     recomputed when ``x`` needs no gradient (inference, frozen stages). The backbones
     check the value once, when they are built (:func:`check_with_cp`).
 
-    ``valid`` (pad-aware mode: a :class:`~.padding.ValidGrid` of this map, with
+    ``real`` (pad-aware mode: a :class:`~.padding.ValidGrid` of this map, with
     ``num_prefix`` leading tokens taken as real) goes to every block, and the padded
     tokens of the result are set to zero, so that a strided or spatial layer after the
     stage sees zeros there, as the image alone sees its zero padding.
     """
     for blk in blocks:
         if with_cp is True and x.requires_grad:
-            x = checkpoint(blk, x, hw, False, valid, use_reentrant=False)
+            x = checkpoint(blk, x, hw, False, real, use_reentrant=False)
         else:
-            x = blk(x, hw, with_cp, valid)
-    return x if valid is None else valid.zero(x, x.shape[1] - hw[0] * hw[1])
+            x = blk(x, hw, with_cp, real)
+    return x if real is None else real.zero(x, x.shape[1] - hw[0] * hw[1])
 
 
 def stochastic_depth_rates(depths, drop_path_rate: float):

@@ -6,7 +6,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from mmcv.cnn import build_norm_layer
 
-from mmplugin_inline.core import nchw_to_nlc, pad_amount
+from mmplugin_inline.core import nchw_to_nlc, nlc_to_nchw, pad_amount
 from mmplugin_inline.core.tokens import known_equal, known_zero
 
 from .linear import Linear
@@ -18,7 +18,8 @@ class PatchEmbed(nn.Module):
     The input is zero-padded at the bottom / right to a multiple of the patch size, so
     no pixel is dropped: output size is ``ceil(H / patch) x ceil(W / patch)``.
 
-    Returns ``(tokens [B, N, C], (H', W'))``.
+    Takes an NCHW map, or tokens [B, H*W, C] with their ``hw`` (a previous stage's);
+    returns ``(tokens [B, N, C], (H', W'))``.
     """
 
     def __init__(self, in_channels: int, embed_dim: int, patch_size: int, norm_cfg=None):
@@ -27,7 +28,14 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv2d(in_channels, embed_dim, kernel_size=patch_size, stride=patch_size)
         self.norm = build_norm_layer(norm_cfg, embed_dim)[1] if norm_cfg else None
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Tuple[int, int]]:
+    @property
+    def stride(self) -> int:
+        """How much smaller the output map is (a :class:`~.stage.Stage`'s downsampling)."""
+        return self.patch_size
+
+    def forward(self, x: torch.Tensor, hw=None) -> Tuple[torch.Tensor, Tuple[int, int]]:
+        if x.dim() == 3 and hw is not None:
+            x = nlc_to_nchw(x, hw)
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(f'expected an input of shape [B, {self.in_channels}, H, W], got '
                              f'{tuple(x.shape)}')
@@ -46,6 +54,7 @@ class PatchEmbed(nn.Module):
 class PatchMerging(nn.Module):
     """Swin patch merging: 2x2 neighbours concatenated in the order (0,0), (1,0), (0,1),
     (1,1), then ``norm(4C)`` and ``Linear(4C, 2C, bias=False)``. Odd sizes are padded."""
+    stride = 2
 
     def __init__(self, dim: int, norm_cfg=dict(type='LN')):
         super().__init__()
@@ -66,6 +75,7 @@ class PatchMerging(nn.Module):
 
 class ConvMerging(nn.Module):
     """CSWin merging: ``Conv2d(3x3, stride 2, pad 1)`` then a norm; any size."""
+    stride = 2
 
     def __init__(self, dim: int, out_dim: int, norm_cfg=dict(type='LN')):
         super().__init__()

@@ -3,9 +3,11 @@
 A mixer is a small module that owns its parameters and is called the same way by every
 attention layer (whole map, spatial reduction, windows, stripes, a cls prefix)::
 
-    out = mixer(q, k, v, hw, mean_token=..., key_mask=..., bias=..., num_prefix=...)
+    out = mixer(q, k, v, Group(hw, real, bias, num_prefix, mean_of=(tokens, real)))
 
-The layers group the tokens and hand each group over; they never ask which mixer it is.
+The layers group the tokens and hand each group over, with what the mixer may need about
+it in one :class:`Group` (the mean token is computed only when a mixer reads it); they
+never ask which mixer it is.
 A block letter (the authors' vocabulary, kept in configs: ``'IIIS'``, ``'IIMS2'``)
 selects a mixer class in one table, :data:`MIXERS`:
 
@@ -25,7 +27,7 @@ paper's ablations). Two class attributes tell a family how it may group the toke
 ``takes_bias`` (an additive score bias is defined: relative positions, shifted-window
 masks).
 """
-from typing import Callable, Optional, Tuple, Type, Union
+from typing import Optional, Tuple, Type, Union
 
 import torch
 import torch.nn as nn
@@ -107,7 +109,48 @@ class ResidualKernelPredictor(nn.Sequential):
         return grouped_pointwise(hidden, self[2]).view(b, c, 3, 3)
 
 
-MeanToken = Union[None, torch.Tensor, Callable[[], torch.Tensor]]
+def masked_mean(tokens: torch.Tensor, real: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The mean of each group's real tokens: tokens [G, N, C], real bool [G, N] or None
+    (all real) -> [G, C]."""
+    if real is None:
+        return tokens.mean(dim=1)
+    total = torch.where(real.unsqueeze(-1), tokens, tokens.new_zeros(())).sum(dim=1)
+    return total / real.sum(dim=1, keepdim=True).clamp_min(1).to(tokens.dtype)
+
+
+class Group:
+    """What a mixer is told about the groups of tokens it attends within.
+
+    Args:
+        hw (tuple[int, int], optional): the map the last ``N - num_prefix`` value tokens
+            form (the local residual's image).
+        real (Tensor, optional): bool [G, N] over the keys, true on a real token (prefix
+            tokens are real). A token that is not real (padding to whole windows, the
+            pad-aware mode's batch padding) leaves every statistic, and its value is zero
+            for the local residual. None: all real, no mask work.
+        bias (Tensor, optional): additive score bias broadcastable to [G, heads, N, N];
+            only for mixers with ``takes_bias``.
+        num_prefix (int): leading tokens (cls) left out of the local residual.
+        mean_of (tuple, optional): ``(tokens [G, M, C], real [G, M] or None)``: the mean
+            token (:attr:`mean_token`) is the mean of their real tokens, computed when a
+            mixer first reads it.
+    """
+    __slots__ = ('hw', 'real', 'bias', 'num_prefix', '_mean_of', '_mean')
+
+    def __init__(self, hw: Optional[Tuple[int, int]] = None, real: Optional[torch.Tensor] = None,
+                 bias: Optional[torch.Tensor] = None, num_prefix: int = 0,
+                 mean_of: Optional[Tuple[torch.Tensor, Optional[torch.Tensor]]] = None):
+        self.hw, self.real, self.bias, self.num_prefix = hw, real, bias, num_prefix
+        self._mean_of, self._mean = mean_of, None
+
+    @property
+    def mean_token(self) -> torch.Tensor:
+        """[G, C]: the mean of the real tokens of ``mean_of`` (the residual's input)."""
+        if self._mean is None:
+            if self._mean_of is None:
+                raise ValueError('this group was given no tokens for its mean token (mean_of)')
+            self._mean = masked_mean(*self._mean_of)
+        return self._mean
 
 
 class Mixer(nn.Module):
@@ -141,26 +184,15 @@ class Mixer(nn.Module):
         self.dim, self.num_heads = dim, num_heads
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                hw: Optional[Tuple[int, int]] = None, mean_token: MeanToken = None,
-                key_mask: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
-                num_prefix: int = 0) -> torch.Tensor:
+                group: Optional[Group] = None) -> torch.Tensor:
         """Attend within each group of tokens.
 
         Args:
             q, k, v (Tensor): [G, N, C] (G groups: batch x windows); k and v may have
                 another length than q (spatial reduction).
-            hw (tuple[int, int]): the map the last ``N - num_prefix`` value tokens form
-                (the local residual's image).
-            mean_token (Tensor | callable): [G, C], the input of the residual kernel
-                predictor, or a function that returns it (called only by a mixer that
-                reads it). With a ``key_mask`` it is the mean of the real tokens.
-            key_mask (Tensor, optional): bool [G, N] over the keys, true for a real token
-                (prefix tokens included, and real). A token that is not real (padding to
-                whole windows, the pad-aware mode's batch padding) leaves every statistic
-                and its value is zero for the local residual. None: all real, no mask work.
-            bias (Tensor, optional): additive score bias broadcastable to
-                [G, heads, N, N]; only for mixers with ``takes_bias``.
-            num_prefix (int): leading tokens (cls) left out of the local residual.
+            group (Group, optional): what the mixer needs about the groups (map size,
+                real-token mask, bias, prefix length, mean token); None: all real, no
+                bias, no prefix (a mixer that needs a map or a mean token raises).
 
         Returns:
             Tensor: [G, Nq, C].
@@ -169,6 +201,9 @@ class Mixer(nn.Module):
 
     def extra_repr(self) -> str:
         return f'dim={self.dim}, num_heads={self.num_heads}'
+
+
+_NO_GROUP = Group()
 
 
 class SoftmaxMixer(Mixer):
@@ -180,12 +215,13 @@ class SoftmaxMixer(Mixer):
     letter, name = 'S', 'softmax'
     takes_bias = True
 
-    def forward(self, q, k, v, hw=None, mean_token=None, key_mask=None, bias=None,
-                num_prefix=0):
+    def forward(self, q, k, v, group=None):
+        group = group or _NO_GROUP
+        bias = group.bias
         if bias is not None:
             bias = bias.to(q.dtype)
-        if key_mask is not None:
-            removed = key_bias(key_mask, q.dtype)                          # [G, 1, 1, N]
+        if group.real is not None:
+            removed = key_bias(group.real, q.dtype)                        # [G, 1, 1, N]
             bias = removed if bias is None else bias + removed
         h = self.num_heads
         out = F.scaled_dot_product_attention(split_heads(q, h), split_heads(k, h),
@@ -219,38 +255,38 @@ class LinearCostMixer(Mixer):
         get_feature_map(kernel)
         return kernel
 
-    def attention(self, q, k, v, key_mask=None) -> torch.Tensor:
-        """The attention itself: [B, heads, N, d] in and out."""
+    def attention(self, q, k, v, real=None) -> torch.Tensor:
+        """The attention itself: [B, heads, N, d] in and out; ``real`` the keys' mask."""
         raise NotImplementedError
 
-    def forward(self, q, k, v, hw=None, mean_token=None, key_mask=None, bias=None,
-                num_prefix=0):
-        if bias is not None:
+    def forward(self, q, k, v, group=None):
+        group = group or _NO_GROUP
+        if group.bias is not None:
             raise ValueError(f'{self.name} attention takes no additive bias (relative '
                              'positions and shifted windows are softmax only)')
         h = self.num_heads
         out = merge_heads(self.attention(split_heads(q, h), split_heads(k, h), split_heads(v, h),
-                                         key_mask))
+                                         group.real))
         if self.residual is not None:
-            if hw is None or mean_token is None:
-                raise ValueError(f'{self.name} attention with its local residual needs hw '
-                                 '(the map of the value tokens) and mean_token')
-            mean = mean_token() if callable(mean_token) else mean_token
-            self._add_local_residual(out, v, hw, mean, key_mask, num_prefix)
+            if group.hw is None:
+                raise ValueError(f'{self.name} attention with its local residual needs the '
+                                 'map of the value tokens (Group.hw) and their mean token')
+            self._add_local_residual(out, v, group)
         return out
 
-    def _add_local_residual(self, out, v, hw, mean_token, key_mask, num_prefix) -> None:
+    def _add_local_residual(self, out, v, group: Group) -> None:
         """``out[:, num_prefix:] +=`` the local residual of ``v`` (in place)."""
-        weights = self.residual(mean_token)                          # [G, C, 3, 3]
+        weights = self.residual(group.mean_token)                     # [G, C, 3, 3]
         g, _, c = v.shape
-        v = v[:, num_prefix:]
-        if key_mask is not None:  # values that are not real -> 0 (zero padding at the border)
-            v = v * key_mask[:, num_prefix:].unsqueeze(-1).to(v.dtype)
+        p, hw = group.num_prefix, group.hw
+        v = v[:, p:]
+        if group.real is not None:  # values that are not real -> 0 (zero padding at the border)
+            v = v * group.real[:, p:].unsqueeze(-1).to(v.dtype)
         # tokens are a channels-last map already: no transpose to NCHW and back
         res = local_residual_nhwc(v.reshape(g, hw[0], hw[1], c), weights)
         # added in place into the attention output (a fresh tensor): no third N x C
         # tensor, and the prefix rows (cls) are left as they are
-        out[:, num_prefix:].view(g, hw[0], hw[1], c).add_(res)
+        out[:, p:].view(g, hw[0], hw[1], c).add_(res)
 
     def extra_repr(self) -> str:
         return f'{super().extra_repr()}, kernel={self.kernel!r}, ' \
@@ -262,8 +298,8 @@ class InLineMixer(LinearCostMixer):
     subtracted instead of a division by the sum; plus the local residual."""
     letter, name = 'I', 'InLine'
 
-    def attention(self, q, k, v, key_mask=None):
-        return inline_attention(q, k, v, kernel=self.kernel, key_mask=key_mask)
+    def attention(self, q, k, v, real=None):
+        return inline_attention(q, k, v, kernel=self.kernel, key_mask=real)
 
 
 class LinearMixer(LinearCostMixer):
@@ -288,8 +324,8 @@ class LinearMixer(LinearCostMixer):
                 f'{self.default_kernel!r})')
         return kernel
 
-    def attention(self, q, k, v, key_mask=None):
-        return linear_attention(q, k, v, kernel=self.kernel, key_mask=key_mask)
+    def attention(self, q, k, v, real=None):
+        return linear_attention(q, k, v, kernel=self.kernel, key_mask=real)
 
 
 #: block-type letter -> mixer class: the one mapping from letters to behaviour

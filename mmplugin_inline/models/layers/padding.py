@@ -94,12 +94,6 @@ class ValidGrid:
         """An NCHW map [B, C, H, W] with the padded positions set to zero."""
         return torch.where(self.map_mask().unsqueeze(1), x, x.new_zeros(()))
 
-    def mean(self, x: torch.Tensor, num_prefix: int = 0) -> torch.Tensor:
-        """The mean over the real tokens of each image (prefix tokens count): [B, C]."""
-        mask = self.token_mask(num_prefix)
-        total = self.zero(x, num_prefix).sum(dim=1)
-        return total / mask.sum(dim=1, keepdim=True).to(x.dtype)
-
 
 def as_size_list(valid_hw, batch: int) -> List[Tuple[int, int]]:
     """``valid_hw`` (a [B, 2] tensor or a sequence of (h, w)) as a list of int pairs."""
@@ -126,13 +120,6 @@ def valid_sizes_of(x: torch.Tensor, valid_hw=None) -> Optional[ValidGrid]:
             return None
     grid = ValidGrid(as_size_list(valid_hw, x.shape[0]), tuple(x.shape[-2:]), x.device)
     return None if grid.full else grid
-
-
-def token_mean(x: torch.Tensor, valid: Optional[ValidGrid] = None,
-               num_prefix: int = 0) -> torch.Tensor:
-    """The mean token of each sample, [B, C]: over every token of ``x`` [B, N, C], or with
-    ``valid`` over each image's real ones (prefix tokens count)."""
-    return x.mean(dim=1) if valid is None else valid.mean(x, num_prefix)
 
 
 def key_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

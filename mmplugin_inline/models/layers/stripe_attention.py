@@ -2,7 +2,7 @@
 
 Stripes are windows of shape ``(H, width)`` (vertical) or ``(width, W)`` (horizontal),
 cut by :class:`~.window_attention.WindowGrid`; the map is padded to whole stripes
-inside and the padded tokens are not real (the mixer's key mask).
+inside and the padded tokens are not real (the mixer's ``Group.real``).
 """
 import torch
 import torch.nn as nn
@@ -11,8 +11,7 @@ from mmplugin_inline.core import stripe_shape
 
 from .attention import MultiHeadAttentionBase
 from .linear import Linear
-from .mixers import check_heads, mixer_class
-from .padding import token_mean
+from .mixers import Group, check_heads, mixer_class
 from .window_attention import WindowGrid
 
 
@@ -34,25 +33,26 @@ class CSWinBranch(MultiHeadAttentionBase):
         self.stripe = stripe
         self.get_v = nn.Conv2d(dim, dim, kernel_size=3, stride=1, padding=1, groups=dim)
 
-    def forward(self, q, k, v, hw, mean_token=None, valid=None):
+    def forward(self, q, k, v, hw, mean_of=None, real=None):
         """q, k, v: [B, H*W, C] of this branch's channels -> [B, H*W, C].
 
-        ``mean_token``: [B, C] or a function returning it (the residual's input, one per
-        map). ``valid`` (pad-aware mode, a :class:`~.padding.ValidGrid`): each image's
-        padded tokens are not real; their values are zeroed before LePE (a stripe's border
-        then sees zeros, as the image alone sees the conv's zero padding). Stripes start
-        at the top left, so an image's stripes are the same alone and in the canvas.
+        ``mean_of``: ``(tokens [B, N, C], real [B, N] or None)`` whose mean is the
+        residual's input, one per map (see :class:`~.mixers.Group`). ``real`` (pad-aware
+        mode, a :class:`~.padding.ValidGrid`): each image's padded tokens are not real;
+        their values are zeroed before LePE (a stripe's border then sees zeros, as the
+        image alone sees the conv's zero padding). Stripes start at the top left, so an
+        image's stripes are the same alone and in the canvas.
         """
         b, n, c = q.shape
         h, w = hw
         # the whole map is one vertical stripe as wide as the map: no padding, no mask
         width, vertical = self.stripe if self.stripe is not None else (w, True)
         grid = WindowGrid(hw, stripe_shape(hw, width, vertical), b,
-                          real=None if valid is None else valid.map_mask(), device=q.device)
-        if valid is not None:
-            v = valid.zero(v)
+                          real=None if real is None else real.map_mask(), device=q.device)
+        if real is not None:
+            v = real.zero(v)
         qw, kw, vw = (grid.cut(t.view(b, h, w, c)) for t in (q, k, v))     # [G, Nw, C]
-        out = self.mixer(qw, kw, vw, grid.window, mean_token=mean_token, key_mask=grid.key_mask)
+        out = self.mixer(qw, kw, vw, Group(grid.window, grid.real, mean_of=mean_of))
         return grid.paste(out + self.lepe(vw, grid.window)).reshape(b, n, c)
 
     def lepe(self, v: torch.Tensor, win) -> torch.Tensor:
@@ -104,16 +104,16 @@ class CSWinAttention(nn.Module):
         self.proj = Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x, hw, shortcut=None, valid=None):
-        """x: normed [B, H*W, C]; shortcut: the block input (for the mean token); valid:
+    def forward(self, x, hw, shortcut=None, real=None):
+        """x: normed [B, H*W, C]; shortcut: the block input (for the mean token); real:
         the per-image real tokens in pad-aware mode (:class:`~.padding.ValidGrid`): the
         mean token is then the real tokens' mean, and each branch masks the padded ones."""
         q, k, v = self.qkv(x).chunk(3, dim=-1)
-        source = shortcut if shortcut is not None else x
-        mean = lambda: token_mean(source, valid)  # noqa: E731 (read by a residual only)
+        mean_of = (shortcut if shortcut is not None else x,
+                   None if real is None else real.token_mask())
         if len(self.attns) == 1:  # one branch: no split, no concatenation copy
-            return self.proj_drop(self.proj(self.attns[0](q, k, v, hw, mean, valid)))
+            return self.proj_drop(self.proj(self.attns[0](q, k, v, hw, mean_of, real)))
         split = [t.chunk(2, dim=-1) for t in (q, k, v)]
-        out = torch.cat([branch(split[0][i], split[1][i], split[2][i], hw, mean, valid)
+        out = torch.cat([branch(split[0][i], split[1][i], split[2][i], hw, mean_of, real)
                          for i, branch in enumerate(self.attns)], dim=-1)
         return self.proj_drop(self.proj(out))

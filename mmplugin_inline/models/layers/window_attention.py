@@ -22,6 +22,7 @@ from mmplugin_inline.core.tokens import known_equal
 
 from .attention import MultiHeadAttentionBase
 from .linear import Linear
+from .mixers import Group
 
 # additive bias that removes a key from softmax attention (Swin's value; finite, so a
 # query that sees only masked keys stays finite; its output is cropped away)
@@ -111,7 +112,7 @@ def _shifted_window_mask(hw, valid_hw, window, shift, device):
     return differ.float() * MASK_VALUE
 
 
-def padding_key_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: Tuple[int, int],
+def padding_real_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: Tuple[int, int],
                      batch: int, device=None, shift: Tuple[int, int] = (0, 0)
                      ) -> Optional[torch.Tensor]:
     """Which tokens of each window of a bottom / right padded map are real, or None.
@@ -123,17 +124,17 @@ def padding_key_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: Tup
     caller must not write into the result.
     """
     key = ('pad', *hw, *valid_hw, *window, batch, *shift, str(device))
-    return cached_mask(key, lambda: _padding_key_mask(hw, valid_hw, window, batch, device,
+    return cached_mask(key, lambda: _padding_real_mask(hw, valid_hw, window, batch, device,
                                                       shift))
 
 
-def _padding_key_mask(hw, valid_hw, window, batch, device, shift=(0, 0)):
+def _padding_real_mask(hw, valid_hw, window, batch, device, shift=(0, 0)):
     (h, w), (vh, vw) = hw, valid_hw
     if known_equal(vh, h) and known_equal(vw, w):
         return None
-    valid = (torch.arange(h, device=device) < vh)[:, None] \
+    real = (torch.arange(h, device=device) < vh)[:, None] \
         & (torch.arange(w, device=device) < vw)[None, :]                  # [H, W]
-    return _window_keys(valid[None], window, shift).repeat(batch, 1)
+    return _window_keys(real[None], window, shift).repeat(batch, 1)
 
 
 def _window_keys(real: torch.Tensor, window: Tuple[int, int], shift: Tuple[int, int]):
@@ -148,7 +149,7 @@ class WindowGrid:
 
     The map ``hw`` is padded bottom / right to whole windows, rolled by ``-shift`` (Swin's
     cyclic shift) and cut row-major, windows batch-major: :meth:`cut` and :meth:`paste`.
-    :attr:`key_mask` says which tokens of each window are real: None when all are; else a
+    :attr:`real` says which tokens of each window are real: None when all are; else a
     bool [B * nW, wh * ww], false on the padding to whole windows and, given ``real``
     (bool [B, H, W], the pad-aware mode), on each image's padding in the canvas.
 
@@ -162,14 +163,14 @@ class WindowGrid:
     """
 
     def __init__(self, hw, window, batch, shift=(0, 0), real=None, device=None):
-        self.hw, self.window, self.shift, self.batch, self.real = hw, window, shift, batch, real
+        self.hw, self.window, self.shift, self.batch = hw, window, shift, batch
         self.device = device
         self.padded = (hw[0] + pad_amount(hw[0], window[0]), hw[1] + pad_amount(hw[1], window[1]))
         if real is None:
-            self.key_mask = padding_key_mask(self.padded, hw, window, batch, device, shift)
+            self.real = padding_real_mask(self.padded, hw, window, batch, device, shift)
         else:
-            self.key_mask = _window_keys(pad_to_multiple(real.unsqueeze(-1), window)[0]
-                                         .squeeze(-1), window, shift)
+            self.real = _window_keys(pad_to_multiple(real.unsqueeze(-1), window)[0]
+                                     .squeeze(-1), window, shift)
 
     def cut(self, x: torch.Tensor) -> torch.Tensor:
         """[B, H, W, C] -> [B * nW, wh * ww, C] (padded with zeros, rolled, partitioned)."""
@@ -185,21 +186,12 @@ class WindowGrid:
             x = torch.roll(x, shifts=self.shift, dims=(1, 2))
         return crop_to(x, self.hw)
 
-    def means(self, windows: torch.Tensor) -> torch.Tensor:
-        """The mean of each window's real tokens, [B * nW, C], of the windows that
-        :meth:`cut` gave, [B * nW, wh * ww, C]."""
-        if self.key_mask is None:
-            return windows.mean(dim=1)
-        real = torch.where(self.key_mask.unsqueeze(-1), windows, windows.new_zeros(()))
-        return real.sum(dim=1) / self.key_mask.sum(dim=1, keepdim=True).clamp_min(1).to(
-            windows.dtype)
-
 
 class WindowAttention(MultiHeadAttentionBase):
     """Attention in (shifted) windows: Swin's W-MSA / SW-MSA, or a linear mixer in windows.
 
     Any H x W: the map is padded to whole windows and the output is cropped; the padded
-    tokens are not real (the mixer's ``key_mask``), so a border window gives what its
+    tokens are not real (the mixer's ``Group.real``), so a border window gives what its
     real tokens give alone. As in the authors' Swin, a map no larger than one window in
     its short side gets no shift.
     Shifted windows and the relative position bias are for mixers that take an additive
@@ -256,20 +248,20 @@ class WindowAttention(MultiHeadAttentionBase):
         larger than one window in its short side."""
         return self.window_size // 2 if self.shift and min(hw) > self.window_size else 0
 
-    def forward(self, x: torch.Tensor, hw: Tuple[int, int], valid=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, hw: Tuple[int, int], real=None) -> torch.Tensor:
         """x: [B, H*W, C] -> [B, H*W, C].
 
-        ``valid`` (pad-aware mode, a :class:`~.padding.ValidGrid`): each image's padded
+        ``real`` (pad-aware mode, a :class:`~.padding.ValidGrid`): each image's padded
         tokens are not real. The shift follows each image's own size (as it would alone);
         images that differ are attended in two groups. With its padded keys masked, a
         shifted image gives in a larger canvas what it gives alone: the windows are
         offset by the same shift from the top left, and the roll's wrap-around lands in
         masked padding or another region.
         """
-        if valid is None:
+        if real is None:
             return self._attend(x, hw, None, self.shift_for(hw))
-        shifts = [self.shift_for(size) for size in valid.sizes]
-        mask = valid.map_mask()
+        shifts = [self.shift_for(size) for size in real.sizes]
+        mask = real.map_mask()
         if len(set(shifts)) == 1:
             return self._attend(x, hw, mask, shifts[0])
         out = torch.empty_like(x)
@@ -286,8 +278,8 @@ class WindowAttention(MultiHeadAttentionBase):
         grid = WindowGrid(hw, (ws, ws), b, (shift, shift), real, x.device)
         windows = grid.cut(x.view(b, hw[0], hw[1], c))                # [B*nW, ws*ws, C]
         q, k, v = self.project(windows)
-        out = self.mixer(q, k, v, (ws, ws), mean_token=lambda: grid.means(windows),
-                         key_mask=grid.key_mask, bias=self._bias(grid, ws * ws))
+        out = self.mixer(q, k, v, Group((ws, ws), grid.real, self._bias(grid, ws * ws),
+                                        mean_of=(windows, grid.real)))
         return self.proj_drop(self.proj(grid.paste(out).reshape(b, n, c)))
 
     def _bias(self, grid: WindowGrid, n: int) -> Optional[torch.Tensor]:
