@@ -71,6 +71,14 @@ def mmengine_checkpoint_globals() -> List[object]:
     multiarray = _numpy_multiarray()
     allowed = [HistoryBuffer, (history_buffer_getattr, 'builtins.getattr'), np.ndarray,
                multiarray._reconstruct, multiarray.scalar, np.dtype]
+    # a file pickled under the other numpy major version names the same functions by the
+    # other module path (numpy 1: numpy.core.multiarray; numpy 2: numpy._core.multiarray):
+    # a run of the official line (numpy 1) resumes on the fork (numpy 2) and back
+    for module in ('numpy.core.multiarray', 'numpy._core.multiarray'):
+        for func in (multiarray._reconstruct, multiarray.scalar):
+            name = f'{module}.{func.__name__}'
+            if name != f'{func.__module__}.{func.__name__}':
+                allowed.append((func, name))
     dtypes = getattr(np, 'dtypes', None)
     if dtypes is not None:
         allowed += [getattr(dtypes, name) for name in _NUMERIC_DTYPES if hasattr(dtypes, name)]
