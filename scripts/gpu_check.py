@@ -130,10 +130,15 @@ def run(cmd, log_path, timeout, cwd=REPO):
 
 # -- the offline bundle: install over the node's own packages, build mmcv ---------------------
 
+def _normalize(name):
+    """A distribution name as pip compares it (PEP 503)."""
+    return re.sub(r'[-_.]+', '-', name).lower()
+
+
 def _dist_of_wheel(filename):
     """(normalized distribution name, version) of a wheel file name."""
     name, version = osp.basename(filename).split('-')[:2]
-    return re.sub(r'[-_.]+', '-', name).lower(), version
+    return _normalize(name), version
 
 
 def _installed(dist):
@@ -160,11 +165,11 @@ def _pip(args, log, timeout, env=None):
 def install_bundle(bundle, target, log, timeout) -> dict:
     """Install the bundle's wheels into ``target`` with no index: every distribution the
     node does not have yet (never torch or numpy: the bundle holds neither), and the
-    plugin and the OpenMMLab line's packages of the bundle in any case."""
+    plugin and the OpenMMLab line's packages of the bundle in any case.
+    -> (what was installed, the bundle's manifest)."""
     with open(osp.join(bundle, 'manifest.json')) as f:
         manifest = json.load(f)
-    ours = {'mmplugin-inline'} | {re.sub(r'[-_.]+', '-', d).lower()
-                                  for d in manifest['codebases']}
+    ours = {'mmplugin-inline'} | {_normalize(d) for d in manifest['codebases']}
     install, kept = [], {}
     for entry in manifest['files']:
         if not entry['path'].startswith('wheels/'):
@@ -179,8 +184,7 @@ def install_bundle(bundle, target, log, timeout) -> dict:
     seconds = _pip(['install', '--no-deps', '--no-compile', '--upgrade', '--target', target]
                    + install, log, timeout)
     return dict(target=target, stack=manifest['stack'], installed=sorted(
-        osp.basename(w) for w in install), node_had=kept, seconds=round(seconds, 1),
-        manifest=manifest)
+        osp.basename(w) for w in install), node_had=kept, seconds=round(seconds, 1)), manifest
 
 
 def _mmcv_key(dist, version, cuda_arch):
@@ -354,9 +358,8 @@ def main(argv=None) -> int:
         target = osp.abspath(args.target or tempfile.mkdtemp(prefix='mmplugin_inline_site_'))
         log = osp.join(out_dir, 'install.log')
         try:
-            report['bundle'] = install_bundle(osp.abspath(args.bundle), target, log,
-                                              args.timeout)
-            manifest = report['bundle'].pop('manifest')
+            report['bundle'], manifest = install_bundle(osp.abspath(args.bundle), target,
+                                                        log, args.timeout)
             EXTRA_PATH.insert(0, target)
             sys.path.insert(0, target)
             report['bundle']['mmcv'] = build_mmcv(

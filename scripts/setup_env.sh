@@ -27,9 +27,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STACK="${STACK:-official}"
 case "$STACK" in
     official) VENV="$ROOT/.venv";       PINS="$ROOT/requirements/pinned.txt"
-              MMCV_DIST=mmcv;       MIM_DIST=openmim ;;
+              ENGINE_DIST=mmengine;       MMCV_DIST=mmcv;       MIM_DIST=openmim ;;
     onedl)    VENV="$ROOT/.venv-onedl"; PINS="$ROOT/requirements/pinned-onedl.txt"
-              MMCV_DIST=onedl-mmcv; MIM_DIST=onedl-mim ;;
+              ENGINE_DIST=onedl-mmengine; MMCV_DIST=onedl-mmcv; MIM_DIST=onedl-mim ;;
     *) echo "setup: unknown STACK '$STACK' (official or onedl)" >&2; exit 2 ;;
 esac
 CACHE="${MMPLUGIN_INLINE_CACHE:-$HOME/.cache/mmplugin_inline}"
@@ -68,7 +68,7 @@ say "installing torch $TORCH and torchvision $TV (large; from local files when t
 
 say "installing build tools and mmengine"
 "${PIP[@]}" "setuptools==$(pin setuptools)" "wheel==$(pin wheel)" "ninja==$(pin ninja)" \
-    "$(grep -E '^(onedl-)?mmengine==' "$PINS")"
+    "$ENGINE_DIST==$(pin "$ENGINE_DIST")"
 
 if "$PY" -c "import mmcv, mmcv._ext, sys; sys.exit(mmcv.__version__ != '$MMCV')" 2>/dev/null; then
     say "mmcv $MMCV with compiled ops is already installed"

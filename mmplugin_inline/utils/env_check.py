@@ -30,7 +30,6 @@ SETUP_HINTS = {
         'with its ops for this torch and caches the wheel. On a GPU machine build it with '
         'FORCE_CUDA=1 (docs/environments.md).'),
 }
-SETUP_HINT = SETUP_HINTS[stacks.OFFICIAL]
 
 
 def _version_tuple(version: str) -> Tuple:

@@ -46,6 +46,7 @@ COMPONENTS = (
               {OFFICIAL: ('1.0.0', '1.3.0'), ONEDL: ('1.3.0', '2.0.0')}),
 )
 COMPONENT = {c.module: c for c in COMPONENTS}
+COMPONENT_BY_DIST = {dist: c for c in COMPONENTS for dist in c.dists.values()}
 LINE_NAMES = {OFFICIAL: 'the official OpenMMLab releases',
               ONEDL: 'the maintained fork (onedl-* packages)'}
 # mmcv-lite is the official line's mmcv without compiled ops: same line, same import
@@ -115,8 +116,6 @@ def detect_line() -> Tuple[Optional[str], List[str]]:
         return OFFICIAL, problems
     return None, problems
 
-
-COMPONENT_BY_DIST = {dist: c for c in COMPONENTS for dist in c.dists.values()}
 
 
 def register_config_scopes() -> None:

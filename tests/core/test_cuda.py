@@ -172,28 +172,19 @@ def _train_steps(config, device, dtype, hw, steps=3):
     mmengine's ``train_step`` (AMP with ``dtype`` on CUDA), batch 2 of size ``hw``; returns
     the last step's log variables and whether the backbone's parameters moved."""
     from mmengine.config import Config
-    from mmengine.model import revert_sync_batchnorm
     from mmengine.optim import AmpOptimWrapper, OptimWrapper
     from mmengine.registry import DefaultScope
 
-    from helpers.samples import det_sample, seg_sample
+    from helpers.samples import build_codebase_model, det_sample, seg_sample
     cfg = Config.fromfile(osp.join(REPO, config))
     scope = cfg.default_scope
     if scope == 'mmdet':
-        from mmdet.registry import MODELS as CODEBASE_MODELS
-        from mmdet.utils import register_all_modules
         num_classes = cfg.model.roi_head.mask_head.num_classes
     else:
-        from mmseg.registry import MODELS as CODEBASE_MODELS
-        from mmseg.utils import register_all_modules
         num_classes = cfg.model.decode_head.num_classes
-    register_all_modules(init_default_scope=False)
     cfg.model.backbone.init_cfg = None
     torch.manual_seed(0)
-    with DefaultScope.overwrite_default_scope(scope):
-        model = CODEBASE_MODELS.build(cfg.model)
-    model.init_weights()
-    model = revert_sync_batchnorm(model).to(device)
+    model = build_codebase_model(cfg.model, scope).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     wrapper = (AmpOptimWrapper(optimizer=optimizer, dtype=dtype) if device == 'cuda'
                else OptimWrapper(optimizer))

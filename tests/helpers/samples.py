@@ -1,6 +1,25 @@
-"""Training samples for whole detectors and segmentors (mmdet's / mmseg's data samples)."""
+"""Whole detectors and segmentors of a config, and training samples for them (mmdet's /
+mmseg's data samples)."""
 import numpy as np
 import torch
+
+
+def build_codebase_model(model_cfg, scope: str):
+    """``model_cfg`` built in its codebase (``scope``: 'mmdet' or 'mmseg'), initialised,
+    SyncBN reverted as mmengine's runner does without distribution."""
+    from mmengine.model import revert_sync_batchnorm
+    from mmengine.registry import DefaultScope
+    if scope == 'mmdet':
+        from mmdet.registry import MODELS
+        from mmdet.utils import register_all_modules
+    else:
+        from mmseg.registry import MODELS
+        from mmseg.utils import register_all_modules
+    register_all_modules(init_default_scope=False)
+    with DefaultScope.overwrite_default_scope(scope):
+        model = MODELS.build(model_cfg)
+    model.init_weights()
+    return revert_sync_batchnorm(model)
 
 
 def det_sample(hw, num_classes, seed):

@@ -8,10 +8,8 @@ import re
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.model import revert_sync_batchnorm
-from mmengine.registry import DefaultScope
 
-from helpers.samples import det_sample, seg_sample
+from helpers.samples import build_codebase_model, det_sample, seg_sample
 from helpers.tiny_models import REPO, config_files, shrink_model
 from mmplugin_inline.engine.runner import RUNNER_TYPE
 from mmplugin_inline.registry import MODELS, released_weights
@@ -143,13 +141,6 @@ def test_segmentation_configs_follow_their_recipe(path):
 
 def _build(cfg):
     scope = cfg.default_scope
-    if scope == 'mmdet':
-        from mmdet.registry import MODELS
-        from mmdet.utils import register_all_modules
-    else:
-        from mmseg.registry import MODELS
-        from mmseg.utils import register_all_modules
-    register_all_modules(init_default_scope=False)
     model_cfg = copy.deepcopy(cfg.model)
     shrink_model(model_cfg)
     # no padding to a size divisor / crop size: the backbone sees odd sizes
@@ -158,10 +149,7 @@ def _build(cfg):
     else:  # a training batch is padded to one (odd) size, a single test image not at all
         model_cfg.data_preprocessor.size = tuple(max(s) for s in zip(*ODD_SIZES))
         model_cfg.data_preprocessor.size_divisor = None
-    with DefaultScope.overwrite_default_scope(scope):
-        model = MODELS.build(model_cfg)
-    model.init_weights()
-    return revert_sync_batchnorm(model)  # as mmengine's runner does without distribution
+    return build_codebase_model(model_cfg, scope)
 
 
 @pytest.mark.parametrize('path', CONFIGS)
