@@ -19,6 +19,8 @@ size-dependent group count (:func:`local_residual_nhwc` takes the first while
 import torch
 import torch.nn.functional as F
 
+from .compat import is_exporting
+
 
 def _check_weights(shape, weights: torch.Tensor, v_shape) -> None:
     if weights.shape != shape:
@@ -66,7 +68,7 @@ def local_residual_nhwc(v: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """
     b, h, w, c = v.shape
     _check_weights((b, c, 3, 3), weights, v.shape)
-    if torch.compiler.is_exporting():
+    if is_exporting():
         # B*C groups are a symbolic count in a dynamic-batch export, which ONNX Conv
         # cannot take: the taps form, written on the tokens' own layout
         return local_residual_taps(v, weights)

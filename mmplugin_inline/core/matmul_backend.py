@@ -30,6 +30,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from .compat import is_exporting
 from .fast_paths import fast_paths_enabled
 
 #: environment variable that overrides the choice: 'onednn', 'blas' or 'auto' (default)
@@ -93,7 +94,7 @@ def cpu_linear_backend() -> str:
 
 def _in_graph_capture() -> bool:
     return (torch.jit.is_tracing() or torch.jit.is_scripting()
-            or torch.compiler.is_compiling() or torch.compiler.is_exporting())
+            or torch.compiler.is_compiling() or is_exporting())
 
 
 def onednn_linear_wanted(x: torch.Tensor) -> bool:

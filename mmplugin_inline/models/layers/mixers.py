@@ -40,6 +40,7 @@ from mmplugin_inline.core import (
     linear_attention,
     local_residual_nhwc,
 )
+from mmplugin_inline.core.compat import is_exporting
 
 from .padding import key_bias
 
@@ -63,7 +64,7 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """[B, heads, N, d] -> [B, N, heads * d]."""
     b, h, n, d = x.shape
     x = x.transpose(1, 2)
-    if torch.compiler.is_exporting():
+    if is_exporting():
         # SDPA's traced output strides are [B, N, heads, d] memory (the CPU kernel's), so
         # the graph records this as a view; the ONNX exporter then decomposes SDPA into
         # ops with [B, heads, N, d] memory, where that view fails (InLine-Swin-T's
