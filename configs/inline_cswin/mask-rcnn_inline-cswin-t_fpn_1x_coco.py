@@ -24,6 +24,6 @@ model = dict(
         out_norm=True,
         init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     neck=dict(in_channels=[64, 128, 256, 512]))
-# the stem's LayerNorm is not named "norm"
+# the stem's LayerNorm (stages.0.downsample.2) is not named "norm"
 optim_wrapper = dict(paramwise_cfg=dict(custom_keys={
-    'stage1_conv_embed.2': dict(decay_mult=0.)}))
+    'stages.0.downsample.2': dict(decay_mult=0.)}))

@@ -196,3 +196,51 @@ def test_model_builds_and_runs_loss_and_predict_on_two_odd_sizes(path):
             assert pred.bboxes.shape[1] == 4 and len(pred.labels) == len(pred.scores)
             if len(pred):
                 assert tuple(pred.masks.shape[-2:]) == hw
+
+
+# keys of the shared schedules (configs/_base_/schedules/) written for every family: a
+# family without such parameters (PVT has no relative position table) does not match them,
+# so each must match in some config (the test after next); 'norm' is not among them: every
+# family has norms
+SHARED_KEYS = {'pos_embed', 'cls_token', 'relative_position_bias_table'}
+
+
+def _custom_keys(cfg) -> dict:
+    return dict(cfg.optim_wrapper.get('paramwise_cfg', {}).get('custom_keys', {}))
+
+
+@functools.lru_cache(maxsize=None)
+def _parameter_names(path):
+    """The parameter names of the config's backbone as the whole model names them
+    (``backbone.``), built on the meta device (no memory, no initialisation cost)."""
+    backbone = copy.deepcopy(_load(path).model.backbone)
+    backbone.pop('init_cfg', None)
+    with torch.device('meta'):
+        model = MODELS.build(backbone)
+    return tuple(f'backbone.{name}' for name, _ in model.named_parameters())
+
+
+@pytest.mark.parametrize('path', CONFIGS)
+def test_custom_keys_match_a_parameter(path):
+    """A custom_keys entry that matches no parameter changes nothing, silently (the CSWin
+    stem norm trained with weight decay once its module was renamed)."""
+    names = _parameter_names(path)
+    keys = [k for k in _custom_keys(_load(path)) if k not in SHARED_KEYS]
+    missed = [k for k in keys if not any(k in name for name in names)]
+    assert not missed, f'custom_keys {missed} match no parameter of the model'
+
+
+def test_shared_custom_keys_match_in_some_config():
+    hits = {key: [path for path in CONFIGS if key in _custom_keys(_load(path)) and
+                  any(key in name for name in _parameter_names(path))] for key in SHARED_KEYS}
+    assert all(hits.values()), {k: v for k, v in hits.items() if not v}
+
+
+def test_cswin_stem_norm_has_no_weight_decay():
+    for path in CONFIGS:
+        if 'cswin' in path:
+            stem = [n for n in _parameter_names(path) if n.startswith('backbone.stages.0.'
+                                                                       'downsample.2.')]
+            keys = _custom_keys(_load(path))
+            assert stem and all(any(k in n and keys[k].decay_mult == 0 for k in keys)
+                                for n in stem), path
