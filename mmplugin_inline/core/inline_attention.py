@@ -11,7 +11,7 @@ grow as N mu^2 at a common offset mu and cancel: at mu = 1e3 and 67k tokens fp32
 no correct digit.) All of it runs in fp32 (fp64 stays fp64) with autocast off; the
 result comes back in the input dtype.
 
-With a ``key_mask`` (padded windows), the masked keys leave every statistic: N is the
+With a ``real_keys`` (padded windows), the masked keys leave every statistic: N is the
 number of valid keys of each group, and the masked rows of phi(K) and V are zeroed
 before the means and the product (``core/README.md``, "Masked keys").
 """
@@ -39,16 +39,16 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError('InLine attention needs at least one key token (N = 0)')
 
 
-def _key_mask_column(key_mask: torch.Tensor, k: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``key_mask`` ([B, N] or [B, heads, N]) as a 0 / 1 column [B * heads, N, 1]."""
+def _real_keys_column(real_keys: torch.Tensor, k: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``real_keys`` ([B, N] or [B, heads, N]) as a 0 / 1 column [B * heads, N, 1]."""
     b, h, n, _ = k.shape
-    if key_mask.dim() == 2:
-        key_mask = key_mask.unsqueeze(1)
-    if key_mask.dim() != 3 or key_mask.shape[0] != b or key_mask.shape[1] not in (1, h) \
-            or key_mask.shape[2] != n:
-        raise ValueError(f'key_mask must be [B, N] = [{b}, {n}] or [B, heads, N] = '
-                         f'[{b}, {h}, {n}], got {tuple(key_mask.shape)}')
-    return key_mask.to(dtype).expand(b, h, n).reshape(b * h, n, 1)
+    if real_keys.dim() == 2:
+        real_keys = real_keys.unsqueeze(1)
+    if real_keys.dim() != 3 or real_keys.shape[0] != b or real_keys.shape[1] not in (1, h) \
+            or real_keys.shape[2] != n:
+        raise ValueError(f'real_keys must be [B, N] = [{b}, {n}] or [B, heads, N] = '
+                         f'[{b}, {h}, {n}], got {tuple(real_keys.shape)}')
+    return real_keys.to(dtype).expand(b, h, n).reshape(b * h, n, 1)
 
 
 class _CentredLinearAttention(torch.autograd.Function):
@@ -130,7 +130,7 @@ def inline_attention(q: torch.Tensor,
                      v: torch.Tensor,
                      kernel: str = 'identity',
                      scale: Optional[float] = None,
-                     key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                     real_keys: Optional[torch.Tensor] = None) -> torch.Tensor:
     """InLine attention of queries ``q`` over keys ``k`` and values ``v``.
 
     Args:
@@ -140,7 +140,7 @@ def inline_attention(q: torch.Tensor,
         kernel (str): feature map phi for q and k, one of 'identity', 'relu',
             'leakyrelu', 'exp'. Default: 'identity'.
         scale (float, optional): s in the definition; defaults to d ** -0.5.
-        key_mask (Tensor, optional): which keys exist, [B, N] or [B, heads, N], true
+        real_keys (Tensor, optional): which keys exist, [B, N] or [B, heads, N], true
             (or 1) for a real key; masked keys leave the means and ``K^T V``, and N
             becomes each group's number of real keys (at least one expected; a group
             without any gets ``0`` out). None (default): every key, the unmasked path.
@@ -156,9 +156,9 @@ def inline_attention(q: torch.Tensor,
     with torch.autocast(device_type=q.device.type, enabled=False):
         q, k, v = (t.reshape(b * h, t.shape[2], t.shape[3])
                    for t in (phi(q.to(dtype)), phi(k.to(dtype)), v.to(dtype)))
-        if key_mask is None:
+        if real_keys is None:
             out = _CentredLinearAttention.apply(q, k, v, scale)
         else:
-            mask = _key_mask_column(key_mask, k.view(b, h, k.shape[1], -1), dtype)
+            mask = _real_keys_column(real_keys, k.view(b, h, k.shape[1], -1), dtype)
             out = _CentredLinearAttention.apply(q, k * mask, v * mask, scale, mask)
     return out.view(b, h, nq, v.shape[-1]).to(out_dtype)

@@ -20,11 +20,11 @@ def inline_attention_weights(q: torch.Tensor,
                              k: torch.Tensor,
                              kernel: str = 'identity',
                              scale: Optional[float] = None,
-                             key_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                             real_keys: Optional[torch.Tensor] = None) -> torch.Tensor:
     """InLine attention weights, exactly as defined.
 
     ``w_ij = 1/N + (s/N) * phi(q_i) . (phi(k_j) - mean_j phi(k_j))``; every row sums to 1.
-    With ``key_mask``, the definition over the valid keys only: N is their number, the
+    With ``real_keys``, the definition over the real keys only: N is their number, the
     mean runs over them, and a masked key's weight is 0.
 
     Args:
@@ -32,7 +32,7 @@ def inline_attention_weights(q: torch.Tensor,
         k (Tensor): [B, heads, N, d].
         kernel (str): feature map phi. Default: 'identity'.
         scale (float, optional): s, default d ** -0.5.
-        key_mask (Tensor, optional): [B, N] or [B, heads, N], true for a valid key.
+        real_keys (Tensor, optional): [B, N] or [B, heads, N], true for a real key.
 
     Returns:
         Tensor: [B, heads, Nq, N].
@@ -40,67 +40,67 @@ def inline_attention_weights(q: torch.Tensor,
     phi = get_feature_map(kernel)
     q, k = phi(q), phi(k)
     s = _scale(q, scale)
-    if key_mask is None:
+    if real_keys is None:
         n = k.shape[-2]
         k_centred = k - k.mean(dim=-2, keepdim=True)
         return 1.0 / n + (s / n) * (q @ k_centred.transpose(-2, -1))
-    valid = key_mask.to(q.dtype)
-    valid = (valid.unsqueeze(1) if valid.dim() == 2 else valid).unsqueeze(-1)  # [B, h, N, 1]
-    n = valid.sum(dim=-2, keepdim=True)                                         # [B, h, 1, 1]
-    k_mean = (k * valid).sum(dim=-2, keepdim=True) / n
+    real = real_keys.to(q.dtype)
+    real = (real.unsqueeze(1) if real.dim() == 2 else real).unsqueeze(-1)      # [B, h, N, 1]
+    n = real.sum(dim=-2, keepdim=True)                                          # [B, h, 1, 1]
+    k_mean = (k * real).sum(dim=-2, keepdim=True) / n
     w = 1.0 / n + (s / n) * (q @ (k - k_mean).transpose(-2, -1))
-    return w * valid.transpose(-2, -1)
+    return w * real.transpose(-2, -1)
 
 
-def inline_attention_reference(q, k, v, kernel='identity', scale=None, key_mask=None):
+def inline_attention_reference(q, k, v, kernel='identity', scale=None, real_keys=None):
     """InLine attention through the explicit weights: ``W @ V``, [B, heads, Nq, dv]."""
-    return inline_attention_weights(q, k, kernel, scale, key_mask) @ v
+    return inline_attention_weights(q, k, kernel, scale, real_keys) @ v
 
 
-def _valid_keys(key_mask, q):
-    """``key_mask`` ([B, N] or [B, heads, N]) as a 0 / 1 row [B, heads | 1, 1, N]."""
-    valid = key_mask.to(q.dtype)
-    return (valid.unsqueeze(1) if valid.dim() == 2 else valid).unsqueeze(-2)
+def _real_keys_row(real_keys, q):
+    """``real_keys`` ([B, N] or [B, heads, N]) as a 0 / 1 row [B, heads | 1, 1, N]."""
+    real = real_keys.to(q.dtype)
+    return (real.unsqueeze(1) if real.dim() == 2 else real).unsqueeze(-2)
 
 
-def linear_attention_weights(q, k, kernel='relu', eps=1e-6, key_mask=None):
+def linear_attention_weights(q, k, kernel='relu', eps=1e-6, real_keys=None):
     """Plain linear attention weights ``phi(q_i).phi(k_j) / (sum_j phi(q_i).phi(k_j) + eps)``.
 
     Not injective: scaling q (or, under softmax-like feature maps, other changes) leaves
-    the rows unchanged. ``eps`` guards the sum. With ``key_mask`` ([B, N] or
-    [B, heads, N], true for a valid key) a masked key's score is 0, so it leaves the sum.
+    the rows unchanged. ``eps`` guards the sum. With ``real_keys`` ([B, N] or
+    [B, heads, N], true for a real key) a masked key's score is 0, so it leaves the sum.
     """
     phi = get_feature_map(kernel)
     scores = phi(q) @ phi(k).transpose(-2, -1)
-    if key_mask is not None:
-        scores = scores * _valid_keys(key_mask, q)
+    if real_keys is not None:
+        scores = scores * _real_keys_row(real_keys, q)
     return scores / (scores.sum(dim=-1, keepdim=True) + eps)
 
 
-def linear_attention_reference(q, k, v, kernel='relu', eps=1e-6, key_mask=None):
+def linear_attention_reference(q, k, v, kernel='relu', eps=1e-6, real_keys=None):
     """Plain linear attention through its explicit weights, [B, heads, Nq, dv]."""
-    return linear_attention_weights(q, k, kernel, eps, key_mask) @ v
+    return linear_attention_weights(q, k, kernel, eps, real_keys) @ v
 
 
-def softmax_attention_weights(q, k, kernel='identity', scale=None, key_mask=None, bias=None):
+def softmax_attention_weights(q, k, kernel='identity', scale=None, real_keys=None, bias=None):
     """Softmax attention weights ``softmax(s q k^T + bias)``; ``kernel`` is ignored.
 
-    ``key_mask`` ([B, N] or [B, heads, N], true for a valid key): a masked key's weight
+    ``real_keys`` ([B, N] or [B, heads, N], true for a real key): a masked key's weight
     is exactly 0 (the definition over the valid keys). ``bias``: an additive score bias
     broadcastable to [B, heads, Nq, N].
     """
     scores = (q @ k.transpose(-2, -1)) * _scale(q, scale)
     if bias is not None:
         scores = scores + bias
-    if key_mask is not None:
-        scores = scores.masked_fill(_valid_keys(key_mask, q) == 0, float('-inf'))
+    if real_keys is not None:
+        scores = scores.masked_fill(_real_keys_row(real_keys, q) == 0, float('-inf'))
     return torch.softmax(scores, dim=-1)
 
 
-def softmax_attention_reference(q, k, v, kernel='identity', scale=None, key_mask=None,
+def softmax_attention_reference(q, k, v, kernel='identity', scale=None, real_keys=None,
                                 bias=None):
     """Softmax attention with the N x N matrix materialised, [B, heads, Nq, dv]."""
-    return softmax_attention_weights(q, k, kernel, scale, key_mask, bias) @ v
+    return softmax_attention_weights(q, k, kernel, scale, real_keys, bias) @ v
 
 
 def inline_attention_authors(q, k, v, kernel='identity', scale=None):

@@ -1,13 +1,17 @@
-"""Models of mmplugin_inline: importing this registers them in the plugin's registry."""
-from . import data_preprocessors  # noqa: F401,E402  (registers them where mmdet / mmseg exist)
-from .backbones import (
-                        InLineBackbone,
-                        InLineCSWinTransformer,
-                        InLineDeiT,
-                        InLinePVT,
-                        InLineSwinTransformer,
-)
-from .necks import SimpleFeaturePyramid
+"""The models of mmplugin_inline in plain PyTorch: the layers and the backbone families.
 
-__all__ = ['InLineBackbone', 'InLinePVT', 'InLineSwinTransformer', 'InLineCSWinTransformer',
-           'InLineDeiT', 'SimpleFeaturePyramid']
+Nothing here imports an OpenMMLab package; the OpenMMLab face (registered backbones,
+necks, data preprocessors) is :mod:`mmplugin_inline.openmmlab`, the timm face
+:mod:`mmplugin_inline.timm_models`.
+"""
+from .backbones import (
+                        FAMILIES,
+                        InLineBackbone,
+                        InLineCSWinNet,
+                        InLineDeiTNet,
+                        InLinePVTNet,
+                        InLineSwinNet,
+)
+
+__all__ = ['FAMILIES', 'InLineBackbone', 'InLinePVTNet', 'InLineSwinNet', 'InLineCSWinNet',
+           'InLineDeiTNet']

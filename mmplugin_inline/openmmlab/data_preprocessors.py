@@ -5,7 +5,7 @@ to ``self.backbone(...)`` (mmdet's ``extract_feat(batch_inputs)``, mmseg's
 ``extract_feat(inputs)``). These subclasses run the stock preprocessing, then attach
 each image's valid (h, w) (its data sample's ``img_shape``: the size before the batch
 padding) to that tensor as the attribute
-:data:`~mmplugin_inline.models.layers.padding.VALID_HW_ATTR`, a [B, 2] LongTensor; a
+:data:`~mmplugin_inline.models.layers.padding.REAL_HW_ATTR`, a [B, 2] LongTensor; a
 backbone built with ``pad_aware=True`` reads it (``docs/padding_aware.md``). Nothing
 else changes: with a backbone whose mode is off the attribute is ignored.
 
@@ -22,15 +22,14 @@ from typing import List, Optional
 
 import torch
 
+from mmplugin_inline.models.layers.padding import REAL_HW_ATTR
 from mmplugin_inline.registry import MODELS
-
-from .layers.padding import VALID_HW_ATTR
 
 __all__ = ['attach_valid_sizes']
 
 
 def attach_valid_sizes(inputs, data_samples) -> None:
-    """Set ``inputs.inline_valid_hw`` ([B, 2] LongTensor) from the samples' ``img_shape``.
+    """Set ``inputs.inline_real_hw`` ([B, 2] LongTensor) from the samples' ``img_shape``.
 
     Left unset when a sample lacks ``img_shape`` or the counts differ (nothing known).
     """
@@ -41,7 +40,7 @@ def attach_valid_sizes(inputs, data_samples) -> None:
     if any(s is None for s in sizes):
         return
     hw = torch.tensor([[int(s[0]), int(s[1])] for s in sizes], dtype=torch.long)
-    setattr(inputs, VALID_HW_ATTR, hw)
+    setattr(inputs, REAL_HW_ATTR, hw)
 
 
 def _codebase_class(module: str, name: str):

@@ -32,9 +32,13 @@ CLASSIFIER = r'^head(_dist)?\.'  # classifier heads (and a distillation head): n
 
 
 def _families() -> dict:
-    """The registered backbone families, by class name (each knows its checkpoints)."""
-    from mmplugin_inline.registry import registered_families  # needs mmengine: lazily
-    return registered_families()
+    """The backbone families, by class name (each knows its checkpoints): the registered
+    OpenMMLab backbones where OpenMMLab is loaded, else the plain families."""
+    import sys
+    if 'mmplugin_inline.registry' in sys.modules:
+        return sys.modules['mmplugin_inline.registry'].registered_families()
+    from mmplugin_inline.models.backbones import FAMILIES
+    return {cls.__name__: cls for cls in FAMILIES.values()}
 
 
 def family_signatures() -> Dict[str, re.Pattern]:
@@ -203,7 +207,7 @@ def load_pretrained(model: torch.nn.Module, path: str, allow_unsafe: bool = Fals
             blocks in stage 1, into InLine-PVT-T, 2 blocks). The message names the
             family the file looks like and what to change.
     """
-    from mmengine.logging import print_log
+    from mmplugin_inline.logs import log
     raw, ignored = split_checkpoint(load_weights(path, allow_unsafe=allow_unsafe,
                                                  verify_hash=verify_hash))
     family_cls = type(model)
@@ -237,13 +241,11 @@ def load_pretrained(model: torch.nn.Module, path: str, allow_unsafe: bool = Fals
                            f'{missing[:3]}, unexpected {unexpected[:3]}, other shape '
                            f'{mismatched[:3]}]')
     model.load_state_dict(loadable, strict=False)
-    print_log(report, logger=logger or 'current')
+    log(report, logger=logger)
     if ignored:
-        print_log(f'{family}: ignored (not weights) in {path}: {", ".join(ignored)}',
-                  logger=logger or 'current')
+        log(f'{family}: ignored (not weights) in {path}: {", ".join(ignored)}', logger=logger)
     for title, keys in (('missing', missing), ('unexpected', unexpected),
                         ('shape mismatch', mismatched)):
         if keys:
-            print_log(f'{family}: {title} keys: {keys}', logger=logger or 'current',
-                      level=logging.WARNING)
+            log(f'{family}: {title} keys: {keys}', logging.WARNING, logger=logger)
     return missing, unexpected, mismatched

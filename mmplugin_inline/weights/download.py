@@ -85,8 +85,11 @@ def _fetch(url: str, destination: str, progress: bool, verify_hash: bool = True)
 
 def _local_rank_and_world() -> tuple:
     """This process's rank on its machine (the launchers' ``LOCAL_RANK``) and the world size."""
-    from mmengine.dist import get_dist_info
-    rank, world_size = get_dist_info()
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, world_size = 0, 1
     if world_size == 1:
         return 0, 1
     return int(os.environ.get('LOCAL_RANK', rank)), world_size
@@ -118,8 +121,8 @@ def cached_file(url: str, directory: Optional[str] = None, progress: Optional[bo
     local_rank, world_size = _local_rank_and_world()
     error = None
     if local_rank == 0 and not osp.isfile(destination):
-        from mmengine.logging import print_log
-        print_log(f'Downloading {url} to {destination}', logger='current')
+        from mmplugin_inline.logs import log
+        log(f'Downloading {url} to {destination}')
         try:
             _fetch(url, destination, progress, verify_hash)
         except CheckpointError as exc:

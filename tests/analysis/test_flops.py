@@ -26,8 +26,8 @@ from helpers.tool_configs import mask_rcnn_inline_pvt_t, tiny_sem_fpn
 from mmplugin_inline.analysis import count_module
 from mmplugin_inline.analysis import flops as flop_count
 from mmplugin_inline.cli import get_flops as get_flops_tool
-from mmplugin_inline.models.backbones import InLinePVT
 from mmplugin_inline.models.layers import GlobalAttention, WindowAttention
+from mmplugin_inline.openmmlab import InLinePVT
 
 PVT_T = InLinePVT.arch_settings['t']
 

@@ -195,7 +195,7 @@ def test_only_history_buffer_methods_are_reachable_through_getattr(tmp_path):
 def test_pretrained_weights_that_would_run_code_load_as_data(tmp_path):
     """The other path: backbone init_cfg=Pretrained reads third-party files as data only."""
     from helpers.tiny_models import TINY_BACKBONES
-    from mmplugin_inline.models import InLinePVT
+    from mmplugin_inline.openmmlab import InLinePVT
     marker = str(tmp_path / 'marker')
     path = str(tmp_path / 'pretrained.pth')
     source = InLinePVT(arch=TINY_BACKBONES['InLinePVT'][0])

@@ -142,16 +142,16 @@ def test_pad_aware_backbone_forward_and_backward_under_autocast(family, device, 
     x = torch.randn(2, 3, 72, 104, generator=g)
     x[1, :, 56:], x[1, :, :, 80:] = 0, 0  # image 1 is 56 x 80, padded to 72 x 104
     x = x.to(device).requires_grad_()
-    valid_hw = [(72, 104), (56, 80)]
+    real_hw = [(72, 104), (56, 80)]
     with torch.autocast(device, dtype=dtype):
-        outs = model(x, valid_hw=valid_hw)
+        outs = model(x, real_hw=real_hw)
         loss = sum(o.float().square().mean() for o in outs)
     loss.backward()
     assert all(o.dtype == torch.float32 and torch.isfinite(o).all() for o in outs)
     assert torch.isfinite(x.grad).all() and x.grad[1, :, 56:].abs().sum() == 0
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     with fp32_without_tf32(), torch.no_grad():
-        batch = model(x.detach(), valid_hw=valid_hw)
+        batch = model(x.detach(), real_hw=real_hw)
         alone = model(x.detach()[1:2, :, :56, :80])
     for b, a in zip(batch, alone):
         h, w = a.shape[-2:]

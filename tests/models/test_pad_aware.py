@@ -12,7 +12,7 @@ import torch
 
 import mmplugin_inline  # noqa: F401
 from helpers.tiny_models import TINY_BACKBONES
-from mmplugin_inline.models.layers import VALID_HW_ATTR
+from mmplugin_inline.models.layers import REAL_HW_ATTR
 from mmplugin_inline.registry import MODELS
 
 TOL = 1e-5
@@ -93,7 +93,7 @@ def test_alone_equals_padded_batch(family, extra):
         (lambda i: 4 * 2 ** model.out_indices[i])
     alone = model(small)
     partner = model(big)
-    padded = model(batch, valid_hw=sizes)
+    padded = model(batch, real_hw=sizes)
     assert len(alone) == len(padded)
     for i, (a, p, q) in enumerate(zip(alone, padded, partner)):
         s = stride_of(i)
@@ -115,7 +115,7 @@ def test_alone_equals_padded_batch(family, extra):
         return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
     g_alone = grads(model(small))
-    g_batch = grads(model(batch, valid_hw=torch.tensor(sizes)))
+    g_batch = grads(model(batch, real_hw=torch.tensor(sizes)))
     assert g_alone.keys() == g_batch.keys()
     for name in g_alone:
         if g_alone[name].abs().max() > 0:
@@ -131,16 +131,16 @@ def test_off_is_todays_path(family):
     assert not default.pad_aware
     _, _, batch, sizes = images()
     ref = default(batch)
-    setattr(batch, VALID_HW_ATTR, torch.tensor(sizes))   # ignored when the mode is off
+    setattr(batch, REAL_HW_ATTR, torch.tensor(sizes))   # ignored when the mode is off
     for model, x in ((off, batch), (on, batch.clone())):  # a clone has no sizes: default
         for a, b in zip(model(x), ref):
             assert torch.equal(a, b)
     # the mode on with every image filling the canvas: the default path too
-    full = on(batch.clone(), valid_hw=[(96, 96), (96, 96)])
+    full = on(batch.clone(), real_hw=[(96, 96), (96, 96)])
     for a, b in zip(full, ref):
         assert torch.equal(a, b)
     with pytest.raises(ValueError, match='pad_aware=True'):
-        off(batch, valid_hw=sizes)
+        off(batch, real_hw=sizes)
 
 
 def test_the_mode_without_sizes_warns_once_per_model():
@@ -154,15 +154,15 @@ def test_the_mode_without_sizes_warns_once_per_model():
         for _ in range(3):
             first(batch.clone())
         second(batch.clone())
-        first(batch, valid_hw=sizes)
+        first(batch, real_hw=sizes)
     messages = [str(w.message) for w in seen if 'pad_aware=True' in str(w.message)]
     assert len(messages) == 2                                   # one per model
-    assert 'PadAwareDetDataPreprocessor' in messages[0] and 'valid_hw=' in messages[0]
+    assert 'PadAwareDetDataPreprocessor' in messages[0] and 'real_hw=' in messages[0]
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter('always')
         build('InLinePVT', pad_aware=False)(batch.clone())
         sized = batch.clone()
-        setattr(sized, VALID_HW_ATTR, torch.tensor(sizes))
+        setattr(sized, REAL_HW_ATTR, torch.tensor(sizes))
         build('InLinePVT')(sized)
     assert not [w for w in seen if 'pad_aware=True' in str(w.message)]
 
@@ -170,7 +170,7 @@ def test_the_mode_without_sizes_warns_once_per_model():
 def test_sizes_from_the_input_attribute():
     model = build('InLinePVT')
     small, _, batch, sizes = images()
-    setattr(batch, VALID_HW_ATTR, torch.tensor(sizes))
+    setattr(batch, REAL_HW_ATTR, torch.tensor(sizes))
     a, p = model(small), model(batch)
     assert rel_err(valid_part(p[0][:1], sizes[0], 4), a[0]) < TOL
 
@@ -185,6 +185,6 @@ def test_with_cp_recomputes_with_the_mask(with_cp):
     grads = []
     for model in (ref, cp):
         x = batch.clone().requires_grad_()
-        sum(o.square().sum() for o in model(x, valid_hw=sizes)).backward()
+        sum(o.square().sum() for o in model(x, real_hw=sizes)).backward()
         grads.append(x.grad)
     assert rel_err(grads[1], grads[0]) < TOL

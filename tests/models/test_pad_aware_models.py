@@ -13,7 +13,7 @@ from mmengine.registry import DefaultScope
 
 import mmplugin_inline  # noqa: F401
 from helpers.tiny_models import REPO, shrink_model
-from mmplugin_inline.models.layers import VALID_HW_ATTR
+from mmplugin_inline.models.layers import REAL_HW_ATTR
 
 TOL = 1e-5
 DET_CONFIG = osp.join(REPO, 'configs/inline_pvt/mask-rcnn_inline-pvt-t_fpn_1x_coco.py')
@@ -79,7 +79,7 @@ def test_mask_rcnn_neck_and_roi_head_do_not_depend_on_the_batch():
     two = pre(dict(inputs=[img, partner],
                    data_samples=[det_sample((100, 84)), det_sample((150, 130))]), False)
     assert one['inputs'].shape[-2:] == (128, 96) and two['inputs'].shape[-2:] == (160, 160)
-    assert getattr(two['inputs'], VALID_HW_ATTR).tolist() == [[100, 84], [150, 130]]
+    assert getattr(two['inputs'], REAL_HW_ATTR).tolist() == [[100, 84], [150, 130]]
 
     def valid(x, s, ring=0):
         return x[:1, :, :-(-100 // s) - ring, :-(-84 // s) - ring]

@@ -35,10 +35,10 @@ def _qkv_mask(seed, b, h, n, d, dtype, per_head=False):
 def test_masked_kernel_matches_masked_definition_forward_backward(dtype, kernel, seed, n, d,
                                                                   per_head):
     q, k, v, mask = _qkv_mask(seed, 3, 2, n, d, dtype, per_head)
-    out = inline_attention(q, k, v, kernel=kernel, key_mask=mask)
+    out = inline_attention(q, k, v, kernel=kernel, real_keys=mask)
     grad_out = torch.randn_like(out)
     grads = torch.autograd.grad(out, (q, k, v), grad_out)
-    ref = inline_attention_reference(q, k, v, kernel=kernel, key_mask=mask)
+    ref = inline_attention_reference(q, k, v, kernel=kernel, real_keys=mask)
     ref_grads = torch.autograd.grad(ref, (q, k, v), grad_out)
     torch.testing.assert_close(out, ref, **TOL[dtype])
     for g, rg in zip(grads, ref_grads):
@@ -51,21 +51,21 @@ def test_masked_kernel_matches_masked_definition_forward_backward(dtype, kernel,
 def test_masked_definition_is_the_definition_over_the_valid_keys():
     q, k, v, mask = _qkv_mask(3, 2, 2, 11, 4, torch.float64)
     with torch.no_grad():
-        w = inline_attention_weights(q, k, key_mask=mask)
+        w = inline_attention_weights(q, k, real_keys=mask)
         for b in range(2):
             idx = mask[b].nonzero().flatten()
             alone = inline_attention_weights(q[b:b + 1], k[b:b + 1, :, idx])[0]
             torch.testing.assert_close(w[b][..., idx], alone)
             assert (w[b][..., ~mask[b]] == 0).all()
-            torch.testing.assert_close(inline_attention(q, k, v, key_mask=mask)[b],
+            torch.testing.assert_close(inline_attention(q, k, v, real_keys=mask)[b],
                                        inline_attention(q[b:b + 1], k[b:b + 1, :, idx],
                                                         v[b:b + 1, :, idx])[0])
 
 
 def test_bad_key_mask_shape_is_named():
     q, k, v, _ = _qkv_mask(4, 2, 2, 5, 4, torch.float64)
-    with pytest.raises(ValueError, match=r'key_mask must be \[B, N\]'):
-        inline_attention(q, k, v, key_mask=torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r'real_keys must be \[B, N\]'):
+        inline_attention(q, k, v, real_keys=torch.ones(2, 4, dtype=torch.bool))
 
 
 def _per_window_reference(attn, x, hw, ws):

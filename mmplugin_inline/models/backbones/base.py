@@ -1,26 +1,26 @@
-"""What the InLine backbones share: the OpenMMLab backbone contract, the facts each
-family declares, and the list of registered families."""
+"""What the InLine backbones share: one loop over the stages, the facts each family
+declares and the checkpoint hooks; plain PyTorch (the OpenMMLab contract, ``init_cfg``,
+``frozen_stages`` and ``norm_eval``, is the face in :mod:`mmplugin_inline.openmmlab`)."""
 import copy
+import functools
 import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
-from mmcv.cnn import build_norm_layer
-from mmengine.model import BaseModule
-from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmplugin_inline.core import nlc_to_nchw
 from mmplugin_inline.models.layers import (
-    VALID_HW_ATTR,
+    REAL_HW_ATTR,
     TokenMap,
+    build_norm,
     check_with_cp,
     contiguous_map,
     parse_block_types,
+    real_grid_of,
     stochastic_depth_rates,
-    valid_sizes_of,
 )
-from mmplugin_inline.weights import load_pretrained, rename_keys
+from mmplugin_inline.weights import rename_keys
 
 from .input_checks import check_finite, check_input
 from .legacy_keys import MIXER_RENAMES
@@ -79,7 +79,7 @@ def fp32_under_autocast(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-class InLineBackbone(BaseModule):
+class InLineBackbone(nn.Module):
     """Base of the InLine backbones: a list of stages run by one loop.
 
     A family builds ``self.stages``, an ``nn.ModuleList`` of
@@ -122,10 +122,10 @@ class InLineBackbone(BaseModule):
     classification checkpoint (see :mod:`mmplugin_inline.weights.convert`).
 
     ``pad_aware`` (default False: the authors' outputs): an image's features do not
-    depend on the padding of its batch. ``forward(x, valid_hw=None)`` then takes each
+    depend on the padding of its batch. ``forward(x, real_hw=None)`` then takes each
     image's valid (h, w) in pixels (a list of pairs or a [B, 2] LongTensor), or reads
-    them from the input's ``inline_valid_hw`` attribute (set by the plugin's data
-    preprocessors, :mod:`mmplugin_inline.models.data_preprocessors`); the padded tokens
+    them from the input's ``inline_real_hw`` attribute (set by the plugin's data
+    preprocessors, :mod:`mmplugin_inline.openmmlab.data_preprocessors`); the padded tokens
     stay out of every statistic and spatial op, stage by stage, and are zero in the
     outputs (``docs/padding_aware.md``). Without known sizes, or when no image is
     padded, the default path runs (without known sizes, after one warning per model).
@@ -153,15 +153,54 @@ class InLineBackbone(BaseModule):
     #: what ``check_finite`` calls a stage in its messages
     stage_unit = 'stage'
 
-    def __init__(self, frozen_stages: int = -1, norm_eval: bool = False, with_cp=False,
-                 init_cfg=None, in_channels: int = 3, check_finite: bool = False,
+    def __init__(self, with_cp=False, in_channels: int = 3, check_finite: bool = False,
                  pad_aware: bool = False):
-        super().__init__(init_cfg=init_cfg)
+        super().__init__()
         self.pad_aware = bool(pad_aware)
         self._warned_no_sizes = False
-        self.frozen_stages, self.norm_eval = frozen_stages, norm_eval
-        self.with_cp = check_with_cp(with_cp, type(self).__name__)
-        self.in_channels, self.check_finite = in_channels, check_finite
+        self.in_channels = in_channels
+        self.with_cp = with_cp
+        self.check_finite = check_finite
+
+    @property
+    def with_cp(self):
+        """Gradient checkpointing of the blocks (see the class docstring); setting it
+        reaches every stage."""
+        return self._with_cp
+
+    @with_cp.setter
+    def with_cp(self, value) -> None:
+        self._with_cp = check_with_cp(value, type(self).__name__)
+        for stage in getattr(self, 'stages', ()):
+            stage.with_cp = self._with_cp
+
+    @property
+    def check_finite(self) -> bool:
+        """Stop at the first NaN / Inf (see the class docstring); setting it reaches every
+        stage."""
+        return self._check_finite_on
+
+    @check_finite.setter
+    def check_finite(self, value: bool) -> None:
+        self._check_finite_on = bool(value)
+        for i, stage in enumerate(getattr(self, 'stages', ())):
+            stage.finite_check = functools.partial(self._stage_finite_check, i) \
+                if self._check_finite_on else None
+
+    def _link_stages(self) -> None:
+        """Tell the stages, once built, what the backbone decides for them: gradient
+        checkpointing, the finite check, and which emit an output (``out_indices``)."""
+        for i, stage in enumerate(self.stages):
+            stage.emits_output = i in self.out_indices
+        self.with_cp, self.check_finite = self.with_cp, self.check_finite
+
+    def _stage_finite_check(self, index: int, x: torch.Tensor, part: str) -> None:
+        """A stage's finite check: after the first stage's embedding (the stem, 0) and
+        after each stage's blocks (``index + 1``)."""
+        if part == 'embedded' and index == 0:
+            self._check_finite(x, 0)
+        elif part == 'done':
+            self._check_finite(x, index + 1, self.stage_unit)
 
     @classmethod
     def released_files(cls) -> Dict[str, Tuple[str, str]]:
@@ -237,50 +276,49 @@ class InLineBackbone(BaseModule):
         self.out_norm = out_norm
         if out_norm:
             for i in self.out_indices:
-                self.stages[i].norm = build_norm_layer(norm_cfg, self.embed_dims[i])[1]
+                self.stages[i].norm = build_norm(norm_cfg, self.embed_dims[i])
 
-    def _output(self, stage, t: TokenMap) -> torch.Tensor:
-        """A stage's tokens as its (normed) contiguous NCHW output, zero outside each
-        image's real tokens in pad-aware mode, float32 under autocast."""
-        return fp32_under_autocast(contiguous_map(nlc_to_nchw(stage.output(t), t.hw)))
+    @staticmethod
+    def _as_map(t: TokenMap) -> torch.Tensor:
+        """A stage's output tokens (:attr:`TokenMap.out`) as a contiguous NCHW map, float32
+        under autocast."""
+        return fp32_under_autocast(contiguous_map(nlc_to_nchw(t.out, t.hw)))
 
-    def run_stages(self, x: torch.Tensor, valid_hw=None) -> List[TokenMap]:
-        """The one forward loop: the stages up to the last of ``out_indices`` (later ones
-        would be unused); returns their :class:`TokenMap`, one per stage run."""
+    def run_stages(self, x: torch.Tensor, real_hw=None, last: Optional[int] = None
+                   ) -> List[TokenMap]:
+        """The one forward loop: hands the token bundle from stage to stage, up to stage
+        ``last`` (default: the last of ``out_indices``; later ones would be unused);
+        returns the :class:`TokenMap` after each stage run."""
         self._check_input(x)
-        real = self._valid_pixels(x, valid_hw)
+        real = self._real_pixels(x, real_hw)
         t = TokenMap(self._stem_input(x, real), tuple(x.shape[-2:]), real)
         maps = []
-        for i in range(max(self.out_indices) + 1):
-            t = self.stages[i].embed(t)
-            if i == 0:
-                self._check_finite(t.x, 0)
-            t = self.stages[i](t, self.with_cp)
-            self._check_finite(t.x, i + 1, self.stage_unit)
+        for stage in self.stages[:(max(self.out_indices) if last is None else last) + 1]:
+            t = stage(t)
             maps.append(t)
         return maps
 
-    def forward(self, x: torch.Tensor, valid_hw=None) -> Tuple[torch.Tensor, ...]:
+    def forward(self, x: torch.Tensor, real_hw=None) -> Tuple[torch.Tensor, ...]:
         """x: [B, C_in, H, W] -> a tuple of NCHW maps, one per ``out_indices``.
 
-        ``valid_hw``: each image's valid (h, w) in pad-aware mode (see the class
+        ``real_hw``: each image's valid (h, w) in pad-aware mode (see the class
         docstring).
         """
-        maps = self.run_stages(x, valid_hw)
-        return tuple(self._output(self.stages[i], maps[i]) for i in self.out_indices)
+        maps = self.run_stages(x, real_hw)
+        return tuple(self._as_map(maps[i]) for i in self.out_indices)
 
-    def _valid_pixels(self, x: torch.Tensor, valid_hw=None):
-        """Pad-aware mode: the pixel :class:`~mmplugin_inline.models.layers.ValidGrid`
+    def _real_pixels(self, x: torch.Tensor, real_hw=None):
+        """Pad-aware mode: the pixel :class:`~mmplugin_inline.models.layers.RealGrid`
         of the batch ``x`` (None when the mode is off, no sizes are known or nothing is
         padded: the default path). In the mode, an input that carries no sizes gets one
         warning per model: the padding then reaches the features, which is what the mode
         is for (usually the config kept the stock data preprocessor)."""
         if not self.pad_aware:
-            if valid_hw is not None:
-                raise ValueError(f'{type(self).__name__}: valid_hw is read in pad-aware mode '
+            if real_hw is not None:
+                raise ValueError(f'{type(self).__name__}: real_hw is read in pad-aware mode '
                                  'only; build the backbone with pad_aware=True')
             return None
-        if valid_hw is None and getattr(x, VALID_HW_ATTR, None) is None \
+        if real_hw is None and getattr(x, REAL_HW_ATTR, None) is None \
                 and not self._warned_no_sizes:
             self._warned_no_sizes = True
             warnings.warn(
@@ -289,8 +327,8 @@ class InLineBackbone(BaseModule):
                 "padding-sensitive path). Use the plugin's data preprocessor "
                 "(model.data_preprocessor.type='PadAwareDetDataPreprocessor' in mmdet, "
                 "'PadAwareSegDataPreProcessor' in mmseg) or call the backbone with "
-                'valid_hw=[(h, w), ...]', stacklevel=3)
-        return valid_sizes_of(x, valid_hw)
+                'real_hw=[(h, w), ...]', stacklevel=3)
+        return real_grid_of(x, real_hw)
 
     @staticmethod
     def _stem_input(x: torch.Tensor, real):
@@ -325,48 +363,6 @@ class InLineBackbone(BaseModule):
         :meth:`run_stages` calls it after the stem and each stage; off, it costs nothing."""
         if self.check_finite:
             check_finite(type(self).__name__, x, stage, unit)
-
-    def _freeze_stages(self) -> None:
-        groups = self.stage_modules()
-        if not -1 <= self.frozen_stages < len(groups):
-            raise ValueError(f'{type(self).__name__}: frozen_stages={self.frozen_stages} is out '
-                             f'of range: -1 freezes nothing, 0 the stem, k the stem and the first '
-                             f'k of the {len(groups) - 1} stages; use -1 to {len(groups) - 1}')
-        for group in groups[:self.frozen_stages + 1]:
-            for m in group:
-                if isinstance(m, nn.Parameter):
-                    m.requires_grad = False
-                    continue
-                m.eval()
-                for p in m.parameters():
-                    p.requires_grad = False
-
-    def train(self, mode: bool = True):
-        super().train(mode)
-        self._freeze_stages()
-        if mode and self.norm_eval:
-            for m in self.modules():
-                if isinstance(m, _BatchNorm):
-                    m.eval()
-        return self
-
-    def init_weights(self) -> None:
-        cfg = self.init_cfg
-        if isinstance(cfg, dict) and cfg.get('type') == 'Pretrained':
-            checkpoint = cfg.get('checkpoint')
-            if not checkpoint:
-                raise ValueError(f"{type(self).__name__}: init_cfg type='Pretrained' needs "
-                                 'checkpoint=PATH')
-            self._init_from_scratch()
-            load_pretrained(self, checkpoint, allow_unsafe=cfg.get('allow_unsafe', False),
-                            verify_hash=cfg.get('verify_hash', True))
-            self._is_init = True
-            return
-        if cfg is None:
-            self._init_from_scratch()
-            self._is_init = True
-            return
-        super().init_weights()
 
     def _init_from_scratch(self) -> None:
         """The authors' initialisation: truncated normal linears, unit norms."""

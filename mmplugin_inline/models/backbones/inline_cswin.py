@@ -4,11 +4,15 @@ from typing import Dict, Optional
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmcv.cnn import build_norm_layer
 
 from mmplugin_inline.core import nchw_to_nlc, pad_amount
-from mmplugin_inline.models.layers import ConvMerging, CSWinAttention, Stage, TransformerBlock
-from mmplugin_inline.registry import MODELS
+from mmplugin_inline.models.layers import (
+    ConvMerging,
+    CSWinAttention,
+    Stage,
+    TransformerBlock,
+    build_norm,
+)
 from mmplugin_inline.weights import rename_keys
 
 from .base import InLineBackbone, resolve_arch
@@ -26,7 +30,7 @@ class ConvStem(nn.Sequential):
 
     def __init__(self, in_channels, dim, norm_cfg):
         super().__init__(nn.Conv2d(in_channels, dim, 7, 4, 2), nn.Identity(),
-                         build_norm_layer(norm_cfg, dim)[1])
+                         build_norm(norm_cfg, dim))
         self.in_channels = in_channels
 
     def forward(self, x, hw=None):
@@ -38,8 +42,7 @@ class ConvStem(nn.Sequential):
         return self[2](nchw_to_nlc(x)), hw
 
 
-@MODELS.register_module()
-class InLineCSWinTransformer(InLineBackbone):
+class InLineCSWinNet(InLineBackbone):
     """InLine-CSWin backbone (Han et al., NeurIPS 2024) for dense prediction.
 
     Conv stem (7x7 stride 4), four stages joined by conv merging (3x3 stride 2). InLine
@@ -111,7 +114,7 @@ class InLineCSWinTransformer(InLineBackbone):
                  norm_cfg=dict(type='LN'), act_cfg=dict(type='GELU'), local_residual=True,
                  **contract):
         super().__init__(in_channels=in_channels, **contract)
-        cfg = resolve_arch(arch, self.arch_settings, 'InLineCSWinTransformer',
+        cfg = resolve_arch(arch, self.arch_settings, type(self).__name__,
                            ('embed_dim', 'depths', 'num_heads'))
         depths = cfg['depths']
         dims, types, dpr = self._init_pyramid(cfg, out_indices,
@@ -134,6 +137,7 @@ class InLineCSWinTransformer(InLineBackbone):
                 for j, t in enumerate(types[i])]
             self.stages.append(Stage(blocks, downsample))
         self._add_out_norms(out_norm, norm_cfg)
+        self._link_stages()
         self._init_from_scratch()
 
     @classmethod

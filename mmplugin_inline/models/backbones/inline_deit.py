@@ -3,25 +3,23 @@ from typing import Dict, Optional
 
 import torch
 import torch.nn as nn
-from mmcv.cnn import build_norm_layer
-from mmengine.logging import print_log
 
+from mmplugin_inline.logs import log
 from mmplugin_inline.models.layers import (
     GlobalAttention,
     PatchEmbed,
     Stage,
     TransformerBlock,
+    build_norm,
     parse_block_types,
     resize_pos_embed,
 )
-from mmplugin_inline.registry import MODELS
 
 from .base import InLineBackbone, resolve_arch
 from .legacy_keys import stage_renames
 
 
-@MODELS.register_module()
-class InLineDeiT(InLineBackbone):
+class InLineDeiTNet(InLineBackbone):
     """InLine-DeiT backbone (Han et al., NeurIPS 2024) for dense prediction.
 
     16x16 patches, a cls token and a learned position embedding (sized for
@@ -109,7 +107,7 @@ class InLineDeiT(InLineBackbone):
                  norm_cfg=dict(type='LN', eps=1e-6), act_cfg=dict(type='GELU'),
                  block_types=None, local_residual=True, **contract):
         super().__init__(in_channels=in_channels, **contract)
-        cfg = resolve_arch(arch, self.arch_settings, 'InLineDeiT',
+        cfg = resolve_arch(arch, self.arch_settings, type(self).__name__,
                            ('embed_dim', 'depth', 'num_heads'))
         dim, depth = cfg['embed_dim'], cfg['depth']
         block_types = block_types or cfg.get('block_types', 'I')
@@ -119,7 +117,7 @@ class InLineDeiT(InLineBackbone):
         # one letter per block: the string read as `depth` one-block stages
         per_block = isinstance(block_types, str) and len(block_types) == depth
         letters = sum(parse_block_types(block_types, [1] * depth if per_block else [depth],
-                                        'InLineDeiT'), [])
+                                        type(self).__name__), [])
         # a plain ViT is a pyramid of one-block stages of one width: the first embeds
         # the patches, the cls token and the position embedding
         _, types, dpr = self._init_pyramid(
@@ -142,11 +140,12 @@ class InLineDeiT(InLineBackbone):
         if final_norm:
             if depth - 1 not in self.out_indices:
                 raise ValueError(
-                    'InLineDeiT: final_norm=True normalises the output of the last block '
-                    f'({depth - 1}), but out_indices={self.out_indices} does not return it, so '
-                    f'the norm would never be used; add {depth - 1} (or -1) to out_indices '
+                    f'{type(self).__name__}: final_norm=True normalises the output of the last '
+                    f'block ({depth - 1}), but out_indices={self.out_indices} does not return '
+                    f'it, so the norm would never be used; add {depth - 1} (or -1) to out_indices '
                     'or set final_norm=False')
-            self.stages[-1].norm = build_norm_layer(norm_cfg, dim)[1]
+            self.stages[-1].norm = build_norm(norm_cfg, dim)
+        self._link_stages()
         self._init_from_scratch()
 
     @property
@@ -178,8 +177,8 @@ class InLineDeiT(InLineBackbone):
         if model is not None and not model.final_norm:
             dropped = [k for k in ('norm.weight', 'norm.bias') if sd.pop(k, None) is not None]
             if dropped:
-                print_log(f'InLineDeiT: dropped {", ".join(dropped)} of the checkpoint: '
-                          'final_norm=False does not use a final norm', logger='current')
+                log(f'{type(model).__name__}: dropped {", ".join(dropped)} of the '
+                    'checkpoint: final_norm=False does not use a final norm')
         # the final norm goes to the last stage given the model (``legacy_renames``);
         # without it, it keeps its released name
         sd = cls.upgrade_legacy_keys(sd, model=model)
@@ -192,8 +191,8 @@ class InLineDeiT(InLineBackbone):
                                                         num_prefix=1, mode='bicubic')
         return sd
 
-    def forward_tokens(self, x: torch.Tensor, valid_hw=None):
+    def forward_tokens(self, x: torch.Tensor, real_hw=None):
         """Run the model; return ([B, 1 + N, C] after each out block, grid (H', W'), final
         tokens)."""
-        maps = self.run_stages(x, valid_hw)
+        maps = self.run_stages(x, real_hw)
         return [maps[j].x for j in self.out_indices], maps[-1].hw, maps[-1].x

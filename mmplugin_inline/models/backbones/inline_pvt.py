@@ -12,7 +12,6 @@ from mmplugin_inline.models.layers import (
     mixer_class,
     resize_pos_embed,
 )
-from mmplugin_inline.registry import MODELS
 
 from .base import InLineBackbone, resolve_arch
 from .legacy_keys import stage_renames
@@ -21,8 +20,7 @@ _COMMON = dict(embed_dims=[64, 128, 320, 512], num_heads=[2, 4, 10, 16], mlp_rat
                sr_ratios=[8, 4, 2, 1])
 
 
-@MODELS.register_module()
-class InLinePVT(InLineBackbone):
+class InLinePVTNet(InLineBackbone):
     """InLine-PVT backbone (Han et al., NeurIPS 2024) for dense prediction.
 
     Four stages of patch embedding (conv with kernel = stride = 4, then 2; LayerNorm), a
@@ -102,7 +100,7 @@ class InLinePVT(InLineBackbone):
                  out_indices=(0, 1, 2, 3), out_norm=True, norm_cfg=dict(type='LN', eps=1e-6),
                  act_cfg=dict(type='GELU'), local_residual=True, **contract):
         super().__init__(in_channels=in_channels, **contract)
-        cfg = resolve_arch(arch, self.arch_settings, 'InLinePVT',
+        cfg = resolve_arch(arch, self.arch_settings, type(self).__name__,
                            ('embed_dims', 'num_heads', 'mlp_ratios', 'depths'))
         sr_ratios = cfg.get('sr_ratios', _COMMON['sr_ratios'])
         dims, types, dpr = self._init_pyramid(cfg, out_indices,
@@ -125,6 +123,7 @@ class InLinePVT(InLineBackbone):
                 norm_cfg=norm_cfg, act_cfg=act_cfg) for j, t in enumerate(types[i])]
             self.stages.append(Stage(blocks, embed, dims[i], pos_grid=(grid, grid), drop=drop_rate))
         self._add_out_norms(out_norm, norm_cfg)
+        self._link_stages()
         self._init_from_scratch()
 
     @classmethod

@@ -14,7 +14,6 @@ from mmplugin_inline.models.layers import (
     WindowAttention,
     mixer_class,
 )
-from mmplugin_inline.registry import MODELS
 
 from .base import InLineBackbone, resolve_arch
 from .legacy_keys import stage_renames
@@ -39,8 +38,7 @@ def swin_attention(letter, dim, num_heads, qkv_bias, kernel, window_size, shift,
                            local_residual=local_residual)
 
 
-@MODELS.register_module()
-class InLineSwinTransformer(InLineBackbone):
+class InLineSwinNet(InLineBackbone):
     """InLine-Swin backbone (Han et al., NeurIPS 2024) for dense prediction.
 
     Patch embedding (4x4, LayerNorm), four stages joined by patch merging. InLine
@@ -108,7 +106,7 @@ class InLineSwinTransformer(InLineBackbone):
                  norm_cfg=dict(type='LN'), act_cfg=dict(type='GELU'), local_residual=True,
                  **contract):
         super().__init__(in_channels=in_channels, **contract)
-        cfg = resolve_arch(arch, self.arch_settings, 'InLineSwinTransformer',
+        cfg = resolve_arch(arch, self.arch_settings, type(self).__name__,
                            ('embed_dim', 'depths', 'num_heads'))
         depths = cfg['depths']
         self.window_size = window_size
@@ -127,6 +125,7 @@ class InLineSwinTransformer(InLineBackbone):
                 norm_cfg, act_cfg) for j, letter in enumerate(types[i])]
             self.stages.append(Stage(blocks, downsample, drop=drop_rate if i == 0 else None))
         self._add_out_norms(out_norm, norm_cfg)
+        self._link_stages()
         self._init_from_scratch()
 
     @classmethod

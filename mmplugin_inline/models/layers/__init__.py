@@ -9,6 +9,7 @@ from .blocks import (
                      stochastic_depth_rates,
 )
 from .embed import ConvMerging, PatchEmbed, PatchMerging, contiguous_map, resize_pos_embed
+from .factories import build_act, build_norm
 from .linear import Linear
 from .mixers import (
                      MIXERS,
@@ -26,7 +27,7 @@ from .mixers import (
                      mixer_class,
                      parse_block_types,
 )
-from .padding import VALID_HW_ATTR, ValidGrid, place_pos_embed, valid_sizes_of
+from .padding import REAL_HW_ATTR, RealGrid, place_pos_embed, real_grid_of
 from .stage import Stage, TokenMap
 from .stripe_attention import CSWinAttention, CSWinBranch
 from .window_attention import (
@@ -44,6 +45,6 @@ __all__ = [
     'WindowGrid', 'relative_position_index', 'shifted_window_mask', 'CSWinAttention',
     'CSWinBranch', 'Linear', 'WITH_CP_MODES', 'check_with_cp', 'Mlp', 'TransformerBlock',
     'run_blocks', 'stochastic_depth_rates', 'ConvMerging', 'PatchEmbed', 'PatchMerging',
-    'contiguous_map', 'resize_pos_embed', 'VALID_HW_ATTR', 'ValidGrid', 'place_pos_embed',
-    'valid_sizes_of'
+    'contiguous_map', 'resize_pos_embed', 'REAL_HW_ATTR', 'RealGrid', 'place_pos_embed',
+    'real_grid_of', 'build_norm', 'build_act'
 ]

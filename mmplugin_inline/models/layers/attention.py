@@ -111,7 +111,7 @@ class GlobalAttention(MultiHeadAttentionBase):
     def forward(self, x: torch.Tensor, hw: Tuple[int, int], real=None) -> torch.Tensor:
         """x: [B, num_prefix + H*W, C] (normed tokens), hw = (H, W) -> [B, N, C].
 
-        ``real`` (a :class:`~.padding.ValidGrid`, pad-aware mode): each image's padded
+        ``real`` (a :class:`~.padding.RealGrid`, pad-aware mode): each image's padded
         tokens are not real: they leave the mixer's statistics (key mask; the mean token
         is the real tokens' mean, prefix tokens counted), and with spatial reduction they
         are zeroed before the strided conv, so a reduced token sees what the image alone

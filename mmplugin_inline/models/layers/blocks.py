@@ -3,10 +3,10 @@ from typing import Tuple
 
 import torch
 import torch.nn as nn
-from mmcv.cnn import build_activation_layer, build_norm_layer
-from mmcv.cnn.bricks.drop import DropPath
+from timm.layers import DropPath
 from torch.utils.checkpoint import checkpoint
 
+from .factories import build_act, build_norm
 from .linear import Linear
 
 try:  # selective checkpointing (torch >= 2.4); without it 'mlp' recomputes the whole half
@@ -21,7 +21,7 @@ class Mlp(nn.Module):
     def __init__(self, dim: int, hidden_dim: int, act_cfg=dict(type='GELU'), drop: float = 0.0):
         super().__init__()
         self.fc1 = Linear(dim, hidden_dim)
-        self.act = build_activation_layer(act_cfg)
+        self.act = build_act(act_cfg)
         self.fc2 = Linear(hidden_dim, dim)
         self.drop = nn.Dropout(drop)
 
@@ -48,17 +48,17 @@ class TransformerBlock(nn.Module):
     def __init__(self, dim: int, attn: nn.Module, mlp_ratio: float = 4.0, drop_path: float = 0.0,
                  drop: float = 0.0, norm_cfg=dict(type='LN', eps=1e-6), act_cfg=dict(type='GELU')):
         super().__init__()
-        self.norm1 = build_norm_layer(norm_cfg, dim)[1]
+        self.norm1 = build_norm(norm_cfg, dim)
         self.attn = attn
         self.pass_block_input = getattr(attn, 'reads_block_input', False)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
-        self.norm2 = build_norm_layer(norm_cfg, dim)[1]
+        self.norm2 = build_norm(norm_cfg, dim)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_cfg, drop)
 
     def attn_branch(self, x: torch.Tensor, hw: Tuple[int, int], real=None) -> torch.Tensor:
         """The first residual branch, ``DP(attn(LN(x)))`` (what ``with_cp='attn'`` recomputes).
 
-        ``real`` (pad-aware mode, a :class:`~.padding.ValidGrid`) is handed to the
+        ``real`` (pad-aware mode, a :class:`~.padding.RealGrid`) is handed to the
         attention as ``real=``; None calls it without.
         """
         normed = self.norm1(x)
@@ -147,7 +147,7 @@ def run_blocks(blocks, x: torch.Tensor, hw: Tuple[int, int], with_cp=False,
     recomputed when ``x`` needs no gradient (inference, frozen stages). The backbones
     check the value once, when they are built (:func:`check_with_cp`).
 
-    ``real`` (pad-aware mode: a :class:`~.padding.ValidGrid` of this map, with
+    ``real`` (pad-aware mode: a :class:`~.padding.RealGrid` of this map, with
     ``num_prefix`` leading tokens taken as real) goes to every block, and the padded
     tokens of the result are set to zero, so that a strided or spatial layer after the
     stage sees zeros there, as the image alone sees its zero padding.

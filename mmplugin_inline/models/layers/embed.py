@@ -4,11 +4,11 @@ from typing import Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from mmcv.cnn import build_norm_layer
 
 from mmplugin_inline.core import nchw_to_nlc, nlc_to_nchw, pad_amount
 from mmplugin_inline.core.tokens import known_equal, known_zero
 
+from .factories import build_norm
 from .linear import Linear
 
 
@@ -26,7 +26,7 @@ class PatchEmbed(nn.Module):
         super().__init__()
         self.in_channels, self.patch_size = in_channels, patch_size
         self.proj = nn.Conv2d(in_channels, embed_dim, kernel_size=patch_size, stride=patch_size)
-        self.norm = build_norm_layer(norm_cfg, embed_dim)[1] if norm_cfg else None
+        self.norm = build_norm(norm_cfg, embed_dim) if norm_cfg else None
 
     @property
     def stride(self) -> int:
@@ -58,7 +58,7 @@ class PatchMerging(nn.Module):
 
     def __init__(self, dim: int, norm_cfg=dict(type='LN')):
         super().__init__()
-        self.norm = build_norm_layer(norm_cfg, 4 * dim)[1]
+        self.norm = build_norm(norm_cfg, 4 * dim)
         self.reduction = Linear(4 * dim, 2 * dim, bias=False)
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]):
@@ -80,7 +80,7 @@ class ConvMerging(nn.Module):
     def __init__(self, dim: int, out_dim: int, norm_cfg=dict(type='LN')):
         super().__init__()
         self.conv = nn.Conv2d(dim, out_dim, 3, 2, 1)
-        self.norm = build_norm_layer(norm_cfg, out_dim)[1]
+        self.norm = build_norm(norm_cfg, out_dim)
 
     def forward(self, x: torch.Tensor, hw: Tuple[int, int]):
         b, n, c = x.shape

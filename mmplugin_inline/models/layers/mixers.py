@@ -74,20 +74,31 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(b, n, h * d)
 
 
-def grouped_pointwise(x: torch.Tensor, conv: nn.Conv1d) -> torch.Tensor:
-    """``conv`` (a grouped ``Conv1d``, kernel 1) on one token per sample: [B, Cin] -> [B, Cout].
+class GroupedPointwise(nn.Conv1d):
+    """A grouped ``Conv1d`` with kernel 1, run on one token per sample as one batched
+    matrix product over the groups.
 
-    The same product as ``conv(x.unsqueeze(-1)).squeeze(-1)``, as one batched matrix
-    product over the groups: a convolution call on a length-1 sequence costs more in
-    set-up (oneDNN on the CPU, cuDNN on the GPU) than its few multiply-adds.
+    A subclass, so that its parameters, state-dict keys and type are ``Conv1d``'s (the
+    authors' checkpoints load as they are; LoRA, quantisation and hooks see a ``Conv1d``)
+    and takes ``Conv1d``'s input, [B, Cin, 1] -> [B, Cout, 1]. On such an input it computes
+    the same product as the convolution with ``bmm``: a convolution call on a length-1
+    sequence costs more in set-up (oneDNN on the CPU, cuDNN on the GPU) than its few
+    multiply-adds. Any other input runs the convolution.
     """
-    g = conv.groups
-    cin, cout = conv.in_channels // g, conv.out_channels // g
-    w = conv.weight.view(g, cout, cin).transpose(1, 2)                  # [g, Cin/g, Cout/g]
-    xg = x.view(x.shape[0], g, cin).transpose(0, 1)                    # [g, B, Cin/g]
-    y = torch.bmm(xg, w) if conv.bias is None else \
-        torch.baddbmm(conv.bias.view(g, 1, cout), xg, w)               # [g, B, Cout/g]
-    return y.transpose(0, 1).reshape(x.shape[0], g * cout)
+
+    def __init__(self, in_channels: int, out_channels: int, groups: int = 1, bias: bool = True):
+        super().__init__(in_channels, out_channels, kernel_size=1, groups=groups, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 3 or x.shape[-1] != 1:
+            return super().forward(x)
+        g, b = self.groups, x.shape[0]
+        cin, cout = self.in_channels // g, self.out_channels // g
+        w = self.weight.view(g, cout, cin).transpose(1, 2)              # [g, Cin/g, Cout/g]
+        xg = x.view(b, g, cin).transpose(0, 1)                         # [g, B, Cin/g]
+        y = torch.bmm(xg, w) if self.bias is None else \
+            torch.baddbmm(self.bias.view(g, 1, cout), xg, w)           # [g, B, Cout/g]
+        return y.transpose(0, 1).reshape(b, g * cout, 1)
 
 
 class ResidualKernelPredictor(nn.Sequential):
@@ -95,19 +106,17 @@ class ResidualKernelPredictor(nn.Sequential):
 
     ``Conv1d(C, C, 1, groups=heads) -> GELU -> Conv1d(C, 9C, 1, groups=heads)`` on the
     mean token; output [B, C, 3, 3]. The modules are the authors' (their checkpoints
-    load as they are); :meth:`forward` runs them as grouped matrix products
-    (:func:`grouped_pointwise`), the same values as the convolutions.
+    load as they are), each run through its own ``forward``: the convolutions are
+    :class:`GroupedPointwise` (a ``Conv1d`` computed as grouped matrix products).
     """
 
     def __init__(self, dim: int, num_heads: int):
-        super().__init__(
-            nn.Conv1d(dim, dim, kernel_size=1, groups=num_heads), nn.GELU(),
-            nn.Conv1d(dim, dim * 9, kernel_size=1, groups=num_heads))
+        super().__init__(GroupedPointwise(dim, dim, groups=num_heads), nn.GELU(),
+                         GroupedPointwise(dim, dim * 9, groups=num_heads))
 
     def forward(self, mean_token: torch.Tensor) -> torch.Tensor:  # [B, C] -> [B, C, 3, 3]
         b, c = mean_token.shape
-        hidden = self[1](grouped_pointwise(mean_token, self[0]))
-        return grouped_pointwise(hidden, self[2]).view(b, c, 3, 3)
+        return super().forward(mean_token.unsqueeze(-1)).view(b, c, 3, 3)
 
 
 def masked_mean(tokens: torch.Tensor, real: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -300,7 +309,7 @@ class InLineMixer(LinearCostMixer):
     letter, name = 'I', 'InLine'
 
     def attention(self, q, k, v, real=None):
-        return inline_attention(q, k, v, kernel=self.kernel, key_mask=real)
+        return inline_attention(q, k, v, kernel=self.kernel, real_keys=real)
 
 
 class LinearMixer(LinearCostMixer):
@@ -326,7 +335,7 @@ class LinearMixer(LinearCostMixer):
         return kernel
 
     def attention(self, q, k, v, real=None):
-        return linear_attention(q, k, v, kernel=self.kernel, key_mask=real)
+        return linear_attention(q, k, v, kernel=self.kernel, real_keys=real)
 
 
 #: block-type letter -> mixer class: the one mapping from letters to behaviour

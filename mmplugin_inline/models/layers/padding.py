@@ -6,11 +6,11 @@ mmseg pads an image smaller than the crop to the preprocessor's ``size``. With
 sees, so an image gives the same features alone and inside any padded batch
 (``docs/padding_aware.md``). The bookkeeping lives here:
 
-- :class:`ValidGrid`: the valid size of each image on one token map (a canvas of
+- :class:`RealGrid`: the valid size of each image on one token map (a canvas of
   ``hw``), its token mask, and the grid of the next, strided stage (a token is real
   when its patch holds at least one real pixel: ``ceil(size / stride)``);
-- :func:`valid_sizes_of`: the per-image valid sizes a backbone's input carries
-  (explicit ``valid_hw``, or the attribute :data:`VALID_HW_ATTR` that the plugin's
+- :func:`real_grid_of`: the per-image valid sizes a backbone's input carries
+  (explicit ``real_hw``, or the attribute :data:`REAL_HW_ATTR` that the plugin's
   data preprocessors set on the batch tensor);
 - :func:`key_bias`: the additive softmax bias that removes padded keys;
 - :func:`place_pos_embed`: a position embedding resized to each image's own grid and
@@ -26,19 +26,20 @@ import torch
 import torch.nn.functional as F
 
 #: the attribute of a batch tensor that carries its images' valid sizes ([B, 2] LongTensor,
-#: (h, w) in pixels); set by :mod:`mmplugin_inline.models.data_preprocessors`
-VALID_HW_ATTR = 'inline_valid_hw'
+#: (h, w) in pixels); set by :mod:`mmplugin_inline.openmmlab.data_preprocessors`
+REAL_HW_ATTR = 'inline_real_hw'
 
-# additive bias of a removed key; the value of Swin's masks (window_attention.MASK_VALUE),
-# so a query whose keys are all padding (a window in the padding) stays finite
-PAD_MASK_VALUE = -100.0
+#: the one additive bias that removes a key from softmax attention: padded keys and the
+#: shifted windows' cross-region pairs (Swin's value; finite, so a query whose keys are all
+#: removed, a window in the padding, stays finite; its output is cropped away)
+MASK_VALUE = -100.0
 
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class ValidGrid:
+class RealGrid:
     """The real part of each image on one token map of a padded batch.
 
     Args:
@@ -61,10 +62,10 @@ class ValidGrid:
         """Every image fills the canvas (nothing to mask)."""
         return all(s == self.hw for s in self.sizes)
 
-    def down(self, stride: int, hw: Tuple[int, int]) -> 'ValidGrid':
+    def down(self, stride: int, hw: Tuple[int, int]) -> 'RealGrid':
         """The grid of the next map, strided by ``stride`` (ceil: a token with one real
         pixel is real), on the canvas ``hw``."""
-        return ValidGrid([(_ceil_div(h, stride), _ceil_div(w, stride)) for h, w in self.sizes],
+        return RealGrid([(_ceil_div(h, stride), _ceil_div(w, stride)) for h, w in self.sizes],
                          hw, self.device)
 
     def map_mask(self) -> torch.Tensor:
@@ -95,42 +96,42 @@ class ValidGrid:
         return torch.where(self.map_mask().unsqueeze(1), x, x.new_zeros(()))
 
 
-def as_size_list(valid_hw, batch: int) -> List[Tuple[int, int]]:
-    """``valid_hw`` (a [B, 2] tensor or a sequence of (h, w)) as a list of int pairs."""
-    if isinstance(valid_hw, torch.Tensor):
-        valid_hw = valid_hw.detach().cpu().view(-1, 2).tolist()
-    sizes = [(int(h), int(w)) for h, w in valid_hw]
+def as_size_list(real_hw, batch: int) -> List[Tuple[int, int]]:
+    """``real_hw`` (a [B, 2] tensor or a sequence of (h, w)) as a list of int pairs."""
+    if isinstance(real_hw, torch.Tensor):
+        real_hw = real_hw.detach().cpu().view(-1, 2).tolist()
+    sizes = [(int(h), int(w)) for h, w in real_hw]
     if len(sizes) != batch:
-        raise ValueError(f'valid_hw gives {len(sizes)} sizes for a batch of {batch} images')
+        raise ValueError(f'real_hw gives {len(sizes)} sizes for a batch of {batch} images')
     if any(h < 1 or w < 1 for h, w in sizes):
-        raise ValueError(f'valid_hw must be positive (h, w) pairs, got {sizes}')
+        raise ValueError(f'real_hw must be positive (h, w) pairs, got {sizes}')
     return sizes
 
 
-def valid_sizes_of(x: torch.Tensor, valid_hw=None) -> Optional[ValidGrid]:
-    """The pixel :class:`ValidGrid` of a backbone input, or None when nothing is padded.
+def real_grid_of(x: torch.Tensor, real_hw=None) -> Optional[RealGrid]:
+    """The pixel :class:`RealGrid` of a backbone input, or None when nothing is padded.
 
-    ``valid_hw`` (explicit) wins; else the attribute :data:`VALID_HW_ATTR` of ``x`` (set by
+    ``real_hw`` (explicit) wins; else the attribute :data:`REAL_HW_ATTR` of ``x`` (set by
     the plugin's data preprocessors); else None. None too when every image fills the
     batch canvas: the backbone then runs its default path.
     """
-    if valid_hw is None:
-        valid_hw = getattr(x, VALID_HW_ATTR, None)
-        if valid_hw is None:
+    if real_hw is None:
+        real_hw = getattr(x, REAL_HW_ATTR, None)
+        if real_hw is None:
             return None
-    grid = ValidGrid(as_size_list(valid_hw, x.shape[0]), tuple(x.shape[-2:]), x.device)
+    grid = RealGrid(as_size_list(real_hw, x.shape[0]), tuple(x.shape[-2:]), x.device)
     return None if grid.full else grid
 
 
 def key_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Additive softmax bias [G, 1, 1, N] from a key mask [G, N] (true = real key):
-    0 on real keys, :data:`PAD_MASK_VALUE` on the others."""
+    0 on real keys, :data:`MASK_VALUE` on the others."""
     # (m - 1) * 100 is 0 or -100 exactly; written with arithmetic, not a masked fill, so
     # that the FLOP counter sees element-wise ops it knows
-    return ((mask.to(dtype) - 1) * -PAD_MASK_VALUE)[:, None, None, :]
+    return ((mask.to(dtype) - 1) * -MASK_VALUE)[:, None, None, :]
 
 
-def place_pos_embed(pos_embed: torch.Tensor, src_hw: Tuple[int, int], grid: ValidGrid,
+def place_pos_embed(pos_embed: torch.Tensor, src_hw: Tuple[int, int], grid: RealGrid,
                     resize, num_prefix: int = 0, mode: str = 'bilinear') -> torch.Tensor:
     """A position embedding [1, num_prefix + h*w, C] per image, [B, num_prefix + H*W, C].
 

@@ -38,7 +38,7 @@ class CSWinBranch(MultiHeadAttentionBase):
 
         ``mean_of``: ``(tokens [B, N, C], real [B, N] or None)`` whose mean is the
         residual's input, one per map (see :class:`~.mixers.Group`). ``real`` (pad-aware
-        mode, a :class:`~.padding.ValidGrid`): each image's padded tokens are not real;
+        mode, a :class:`~.padding.RealGrid`): each image's padded tokens are not real;
         their values are zeroed before LePE (a stripe's border then sees zeros, as the
         image alone sees the conv's zero padding). Stripes start at the top left, so an
         image's stripes are the same alone and in the canvas.
@@ -106,7 +106,7 @@ class CSWinAttention(nn.Module):
 
     def forward(self, x, hw, shortcut=None, real=None):
         """x: normed [B, H*W, C]; shortcut: the block input (for the mean token); real:
-        the per-image real tokens in pad-aware mode (:class:`~.padding.ValidGrid`): the
+        the per-image real tokens in pad-aware mode (:class:`~.padding.RealGrid`): the
         mean token is then the real tokens' mean, and each branch masks the padded ones."""
         q, k, v = self.qkv(x).chunk(3, dim=-1)
         mean_of = (shortcut if shortcut is not None else x,

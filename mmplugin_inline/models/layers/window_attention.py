@@ -23,10 +23,7 @@ from mmplugin_inline.core.tokens import known_equal
 from .attention import MultiHeadAttentionBase
 from .linear import Linear
 from .mixers import Group
-
-# additive bias that removes a key from softmax attention (Swin's value; finite, so a
-# query that sees only masked keys stays finite; its output is cropped away)
-MASK_VALUE = -100.0
+from .padding import MASK_VALUE
 
 
 def relative_position_index(window: Tuple[int, int], table_window: Tuple[int, int]) -> torch.Tensor:
@@ -78,20 +75,20 @@ def cached_mask(key: tuple, build: Callable[[], Optional[torch.Tensor]]):
     return mask
 
 
-def shifted_window_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: Tuple[int, int],
+def shifted_window_mask(hw: Tuple[int, int], real_hw: Tuple[int, int], window: Tuple[int, int],
                         shift: Tuple[int, int], device=None) -> Optional[torch.Tensor]:
     """Additive mask for (shifted) windows over a padded map, [nW, N, N], or None.
 
     Keys in another shift region than the query, and keys in the padding (outside
-    ``valid_hw``), get :data:`MASK_VALUE`. Built from the padded size, once per size
+    ``real_hw``), get :data:`MASK_VALUE`. Built from the padded size, once per size
     (:func:`cached_mask`). The caller must not write into the result.
     """
-    key = ('shift', *hw, *valid_hw, *window, *shift, str(device))
-    return cached_mask(key, lambda: _shifted_window_mask(hw, valid_hw, window, shift, device))
+    key = ('shift', *hw, *real_hw, *window, *shift, str(device))
+    return cached_mask(key, lambda: _shifted_window_mask(hw, real_hw, window, shift, device))
 
 
-def _shifted_window_mask(hw, valid_hw, window, shift, device):
-    (h, w), (vh, vw) = hw, valid_hw
+def _shifted_window_mask(hw, real_hw, window, shift, device):
+    (h, w), (vh, vw) = hw, real_hw
     if not any(shift) and known_equal(vh, h) and known_equal(vw, w):
         return None
     region = torch.zeros(1, h, w, 1, device=device)
@@ -112,24 +109,24 @@ def _shifted_window_mask(hw, valid_hw, window, shift, device):
     return differ.float() * MASK_VALUE
 
 
-def padding_real_mask(hw: Tuple[int, int], valid_hw: Tuple[int, int], window: Tuple[int, int],
+def padding_real_mask(hw: Tuple[int, int], real_hw: Tuple[int, int], window: Tuple[int, int],
                      batch: int, device=None, shift: Tuple[int, int] = (0, 0)
                      ) -> Optional[torch.Tensor]:
     """Which tokens of each window of a bottom / right padded map are real, or None.
 
     Returns a bool [batch * nW, wh * ww] (windows batch-major, as
     :func:`~mmplugin_inline.core.window_partition` orders them), or None when the map
-    ``hw`` has no padding beyond ``valid_hw``. With ``shift`` the map is rolled by
+    ``hw`` has no padding beyond ``real_hw``. With ``shift`` the map is rolled by
     ``-shift`` first (Swin's cyclic shift). Cached per size (:func:`cached_mask`); the
     caller must not write into the result.
     """
-    key = ('pad', *hw, *valid_hw, *window, batch, *shift, str(device))
-    return cached_mask(key, lambda: _padding_real_mask(hw, valid_hw, window, batch, device,
+    key = ('pad', *hw, *real_hw, *window, batch, *shift, str(device))
+    return cached_mask(key, lambda: _padding_real_mask(hw, real_hw, window, batch, device,
                                                       shift))
 
 
-def _padding_real_mask(hw, valid_hw, window, batch, device, shift=(0, 0)):
-    (h, w), (vh, vw) = hw, valid_hw
+def _padding_real_mask(hw, real_hw, window, batch, device, shift=(0, 0)):
+    (h, w), (vh, vw) = hw, real_hw
     if known_equal(vh, h) and known_equal(vw, w):
         return None
     real = (torch.arange(h, device=device) < vh)[:, None] \
@@ -251,7 +248,7 @@ class WindowAttention(MultiHeadAttentionBase):
     def forward(self, x: torch.Tensor, hw: Tuple[int, int], real=None) -> torch.Tensor:
         """x: [B, H*W, C] -> [B, H*W, C].
 
-        ``real`` (pad-aware mode, a :class:`~.padding.ValidGrid`): each image's padded
+        ``real`` (pad-aware mode, a :class:`~.padding.RealGrid`): each image's padded
         tokens are not real. The shift follows each image's own size (as it would alone);
         images that differ are attended in two groups. With its padded keys masked, a
         shifted image gives in a larger canvas what it gives alone: the windows are
