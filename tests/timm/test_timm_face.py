@@ -189,3 +189,32 @@ def test_the_timm_extra_pulls_no_openmmlab_package():
     pulled = names(cfg['options']['install_requires']) | names(
         cfg['options.extras_require']['timm'])
     assert pulled == {'torch', 'timm'}
+
+
+def test_pretrained_downloads_the_released_address(tmp_path, monkeypatch):
+    """``pretrained=True`` without a file: timm downloads the released address (a cloud
+    share's ``/f/<id>/?dl=1``, no file name in it) under the name in the model's
+    ``pretrained_cfg``, once, and the plugin's loader reads it. Served on 127.0.0.1."""
+    import os
+    import shutil
+
+    from helpers.local_server import serve_folder
+    share = tmp_path / 'share' / 'f' / 'abc123'
+    share.mkdir(parents=True)
+    shutil.copy(training_format_file('swin', str(tmp_path)), share / 'max_acc.pth')
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))
+    fixture = load_fixture('swin')
+    args = CLASSIFIERS['inline_swin'].family.config_from_authors_args(fixture['arch'])
+    with serve_folder(str(tmp_path / 'share')) as (base, requests):
+        overlay = dict(url=(f'{base}/f/abc123/?dl=1', 'inline_swin_t.pth'))
+        for _ in range(2):
+            model = timm.create_model('inline_swin_tiny', pretrained=True, num_classes=10,
+                                      pretrained_cfg_overlay=overlay, drop_path_rate=0.0,
+                                      **args).eval()
+    assert requests == ['/f/abc123/?dl=1']  # the second build read the cached file
+    cached = [f for _, _, files in os.walk(tmp_path / 'torch_home') for f in files]
+    assert cached == ['inline_swin_t.pth']
+    case = fixture['cases'][0]
+    with torch.no_grad():
+        ref = reference_logits(fixture, case)
+        assert (model(case['input']) - ref).abs().max() <= 1e-4 * ref.abs().max()
