@@ -525,6 +525,8 @@ def build_mmcv(bundle, manifest, target, cuda_arch, jobs, cache, log, timeout) -
     else:
         env = dict(step_env(), MMCV_WITH_OPS='1', MAX_JOBS=str(jobs),
                    CFLAGS='-O3 -DNDEBUG -fwrapv')  # no -g: several-fold faster, as fast
+        env['PYTHONPATH'] = os.pathsep.join(  # the install (setuptools, wheel), not the checkout
+            EXTRA_PATH + [p for p in os.environ.get('PYTHONPATH', '').split(os.pathsep) if p])
         if cuda_arch:
             env.update(FORCE_CUDA='1', TORCH_CUDA_ARCH_LIST=cuda_arch)
         else:  # mmcv builds CUDA ops whenever torch sees a GPU: hide it from the build
