@@ -737,7 +737,12 @@ def main(argv=None) -> int:
                   mode='cpu' if args.cpu else 'gpu')
     manifest = None
     if args.bundle:
-        with open(osp.join(args.bundle, 'manifest.json')) as f:
+        path = osp.join(args.bundle, 'manifest.json')
+        if not osp.isfile(path):
+            print(f'gpu-check: refused: {path} does not exist: --bundle names the folder '
+                  'that `make bundle` wrote (dist/bundle).', file=sys.stderr)
+            return REFUSED
+        with open(path) as f:
             manifest = json.load(f)
     info = torch_facts()
     report.update(info)
@@ -807,9 +812,8 @@ def main(argv=None) -> int:
         report.update(ok=ok, exit=0 if ok else 1)
         return write_report(report, out_dir, start)
     finally:
-        if temporary is not None:
+        if temporary is not None:  # the report says where it was; nothing is left there
             shutil.rmtree(temporary, ignore_errors=True)
-            report['bundle_removed'] = temporary
 
 
 if __name__ == '__main__':
