@@ -2,7 +2,7 @@
 # (idempotent: seconds when it is already there).
 #
 # STACK picks the OpenMMLab line (docs/environments.md): official (default; .venv/, torch
-# 2.14, mmcv 2.1 / mmdet 3.3 / mmseg 1.2) or onedl (.venv-onedl/, torch 2.6, the lowest
+# 2.14, mmcv 2.1 / mmdet 3.3 / mmseg 1.2) or onedl (.venv-onedl/, torch 2.8, the lowest
 # supported torch; the maintained fork: onedl-mmcv 2.3 / mmdet 3.5 / mmseg 1.4). E.g. `make setup STACK=onedl`,
 # `make test STACK=onedl`.
 STACK ?= official

@@ -5,7 +5,7 @@
 #   STACK=official (default)  .venv/        requirements/pinned.txt        mmcv 2.1 / mmdet 3.3
 #                                            / mmseg 1.2 on torch 2.14
 #   STACK=onedl               .venv-onedl/  requirements/pinned-onedl.txt  the maintained fork
-#                                            (onedl-mmcv 2.3 / mmdet 3.5 / mmseg 1.4) on torch 2.6,
+#                                            (onedl-mmcv 2.3 / mmdet 3.5 / mmseg 1.4) on torch 2.8,
 #                                            the lowest supported torch (setup.cfg)
 #
 # Idempotent: when the venv already holds exactly what its pins, setup.cfg, setup.py and

@@ -52,8 +52,8 @@ COMPONENT = {c.module: c for c in COMPONENTS}
 #: the newest one tested (the official environment, requirements/pinned.txt). A torch below
 #: the floor is refused by the environment check and the GPU check; one above the tested
 #: top is reported as untested, not refused.
-TORCH_FLOOR = '2.6'
-TORCH_TESTED = ('2.6.0', '2.14.1')
+TORCH_FLOOR = '2.8'
+TORCH_TESTED = ('2.8.0', '2.14.1')
 
 
 def release(version: str) -> Tuple[int, ...]:
@@ -80,11 +80,11 @@ def torch_problem(version: str) -> Optional[str]:
     if release(version) >= release(TORCH_FLOOR):
         return None
     return (f'torch {version} is older than the lowest torch mmplugin_inline supports '
-            f'({TORCH_FLOOR}; tested {TORCH_TESTED[0]} to {TORCH_TESTED[1]}). The models '
-            f'use torch APIs of {TORCH_FLOOR} (torch.export.Dim.AUTO, the dynamo ONNX '
-            f'exporter). Use an environment with torch >= {TORCH_FLOOR} (e.g. a newer '
-            'cluster image or module, or a venv with `pip install "torch>='
-            f'{TORCH_FLOOR}"`).')
+            f'({TORCH_FLOOR}; tested {TORCH_TESTED[0]} to {TORCH_TESTED[1]}): older torch '
+            'fails in the ONNX export of whole models (its exporter lacks symbolic float '
+            'ops and traces strictly by default). Use an environment with torch >= '
+            f'{TORCH_FLOOR} (e.g. a newer cluster image or module, or a venv with '
+            f'`pip install "torch>={TORCH_FLOOR}"`).')
 
 
 def torch_untested(version: str) -> Optional[str]:

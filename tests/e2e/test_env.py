@@ -101,9 +101,10 @@ def test_environment_check_holds_mmcv_to_its_lines_range(monkeypatch, line, vers
     assert stacks.LINE_NAMES[line] in text
 
 
-@pytest.mark.parametrize('version, refused', [('2.5.1+cu121', True), ('2.4.0', True),
-                                               ('2.6.0', False), ('2.6.0rc1', False),
-                                               ('2.14.1', False), ('2.17.0', False)])
+@pytest.mark.parametrize('version, refused', [('2.7.1+cu126', True), ('2.6.0', True),
+                                               ('2.5.1', True), ('2.8.0', False),
+                                               ('2.8.0rc1', False), ('2.14.1', False),
+                                               ('2.17.0', False)])
 def test_environment_check_refuses_a_torch_below_the_floor_by_name(monkeypatch, version,
                                                                     refused):
     from mmplugin_inline.utils import env_check, stacks

@@ -13,7 +13,7 @@ import pytest
 from scripts import gpu_check
 
 PYTHON = '{}.{}'.format(*sys.version_info[:2])
-NODE = {'torch': 'torch 2.6.0', 'torchvision': 'torchvision 0.21.0', 'numpy': 'numpy 2.2.6',
+NODE = {'torch': 'torch 2.8.0', 'torchvision': 'torchvision 0.23.0', 'numpy': 'numpy 2.2.6',
         'cv2': 'opencv-python 4.11.0.86', 'scipy': 'scipy 1.16.3',
         'matplotlib': 'matplotlib 3.10.7'}
 ONEDL = {'onedl-mmengine': '0.10.12', 'onedl-mmcv': '2.3.6', 'onedl-mmdetection': '3.5.1',
@@ -32,7 +32,7 @@ def _manifest(stack='onedl', python=PYTHON, files=()):
                 codebases=codebases, files=list(files))
 
 
-def _torch(version='2.6.0', cuda='12.4', gpu=True, capability='9.0'):
+def _torch(version='2.8.0', cuda='12.4', gpu=True, capability='9.0'):
     info = dict(torch=version, torch_cuda=cuda, cuda_available=gpu, python=PYTHON)
     if gpu:
         info['capability'] = capability
@@ -73,7 +73,7 @@ def test_no_gpu_is_refused_unless_cpu_asks_for_the_smoke(node):
     assert _check(_manifest(), _torch(gpu=False), cpu=True)['refusals'] == []
 
 
-@pytest.mark.parametrize('version', ['2.5.1+cu124', '2.4.0', '1.13.1'])
+@pytest.mark.parametrize('version', ['2.7.1+cu126', '2.6.0', '2.5.1+cu124', '1.13.1'])
 def test_a_torch_below_the_floor_is_refused_by_name(node, version):
     (reason,) = _check(_manifest(), _torch(version))['refusals']
     floor = gpu_check.load_stacks().TORCH_FLOOR
@@ -85,7 +85,7 @@ def test_missing_node_packages_are_named_with_what_the_node_has(node):
     node['packages'].update(numpy=None, cv2=None)
     (reason,) = _check(_manifest())['refusals']
     assert 'the node lacks numpy, opencv-python-headless' in reason
-    assert 'torch 2.6.0' in reason and 'pip install numpy opencv-python-headless' in reason
+    assert 'torch 2.8.0' in reason and 'pip install numpy opencv-python-headless' in reason
 
 
 def test_a_bundle_for_another_python_is_refused_with_the_command(node):
@@ -187,7 +187,7 @@ def test_cuda_ops_with_an_architecture_need_no_gpu_but_go_with_a_bundle():
 
 
 def test_the_cxx20_patch_only_where_torch_needs_it(tmp_path):
-    assert not gpu_check.needs_cxx20('2.6.0') and not gpu_check.needs_cxx20('2.9.1+cu128')
+    assert not gpu_check.needs_cxx20('2.8.0') and not gpu_check.needs_cxx20('2.9.1+cu128')
     assert gpu_check.needs_cxx20('2.10.0') and gpu_check.needs_cxx20('2.14.1+cu130')
     (tmp_path / 'setup.py').write_text("args = ['-std=c++17']\n")
     gpu_check.patch_cxx20(str(tmp_path))
