@@ -666,7 +666,7 @@ def summary_lines(report) -> list:
         m = b.get('mmcv', {})
         if m.get('node'):
             lines.append(f"mmcv: the node's {m['node']}")
-        elif m.get('wheel'):
+        elif m.get('dist'):
             ops = f"CUDA ops {m['cuda_arch']}" if m['cuda_ops'] else 'CPU ops'
             lines.append(f"mmcv: {m['dist']} {m['version']} "
                          f"{'built' if m.get('built') else 'from the cache'} "

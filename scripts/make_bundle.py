@@ -54,7 +54,8 @@ RUNTIME_DEPS = ['addict', 'yapf', 'platformdirs', 'termcolor', 'rich', 'markdown
                 'mdurl', 'pygments', 'pyyaml', 'packaging', 'pycocotools', 'shapely',
                 'terminaltables', 'six', 'tqdm', 'ftfy', 'wcwidth', 'prettytable', 'regex',
                 'timm', 'safetensors', 'huggingface-hub', 'filelock', 'fsspec',
-                'typing-extensions', 'pillow', 'model-index', 'tabulate']
+                'typing-extensions', 'pillow', 'model-index', 'ordered-set', 'markdown', 'click',
+                'tabulate']
 #: the test runner and what the cuda tests import beside the package and RUNTIME_DEPS
 #: (``pytest -m cuda`` on a node whose torch image has no test tools); exceptiongroup and
 #: tomli are pytest's requirements below Python 3.11
