@@ -2,8 +2,8 @@
 # (idempotent: seconds when it is already there).
 #
 # STACK picks the OpenMMLab line (docs/environments.md): official (default; .venv/, torch
-# 2.14, mmcv 2.1 / mmdet 3.3 / mmseg 1.2) or onedl (.venv-onedl/, torch 2.9, the maintained
-# fork: onedl-mmcv 2.3 / mmdet 3.5 / mmseg 1.4). E.g. `make setup STACK=onedl`,
+# 2.14, mmcv 2.1 / mmdet 3.3 / mmseg 1.2) or onedl (.venv-onedl/, torch 2.8, the lowest
+# supported torch; the maintained fork: onedl-mmcv 2.3 / mmdet 3.5 / mmseg 1.4). E.g. `make setup STACK=onedl`,
 # `make test STACK=onedl`.
 STACK ?= official
 ifeq ($(STACK),onedl)
@@ -55,19 +55,28 @@ lint: setup
 docs: setup
 	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
 
-# the GPU path (env check, pytest -m cuda, GPU benchmark) -> work_dirs/gpu_check/gpu_check.json;
-# says so and exits 0 without a GPU. Not part of `make test`; no set-up step (a GPU machine
-# may have its own CUDA mmcv): use `make gpu-check PY=python` for another environment.
+# the GPU path (env check, pytest -m cuda, the paper's Fig. 3 benchmark) ->
+# work_dirs/gpu_check/gpu_check.json; refuses (exit 2) without a GPU, and when that folder
+# is not empty: GPU_CHECK_ARGS="--cpu" runs the CPU smoke on purpose. Not part of `make
+# test`; no set-up step (a GPU machine may have its own CUDA mmcv): use
+# `make gpu-check PY=python` for another environment.
+GPU_CHECK_ARGS ?=
 gpu-check:
-	$(PY) scripts/gpu_check.py --out-dir work_dirs/gpu_check
+	$(PY) scripts/gpu_check.py --out-dir work_dirs/gpu_check $(GPU_CHECK_ARGS)
 
 # the offline bundle for a GPU node without internet (docs/environments.md, "GPU machines"):
-# dist/bundle/ for PYTHON_VERSION (default: this machine's) and BUNDLE_STACK (default: onedl,
-# the fork: numpy 2, current Python). Needs the package index, not a venv: any python3 with pip.
-PYTHON_VERSION ?= $(shell python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+# dist/bundle/ for BUNDLE_PYTHON (MAJOR.MINOR; default: this machine's) and BUNDLE_STACK
+# (default: STACK when given, else onedl, the fork: numpy 2, current Python). Needs the
+# package index, not a venv: any python3 with pip. (Not PYTHON_VERSION: Python's Docker
+# images set it to a full version such as 3.12.4.)
+BUNDLE_PYTHON ?= $(shell python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+ifneq ($(filter command line environment environment override,$(origin STACK)),)
+BUNDLE_STACK ?= $(STACK)
+else
 BUNDLE_STACK ?= onedl
+endif
 bundle:
-	python3 scripts/make_bundle.py --python-version $(PYTHON_VERSION) --stack $(BUNDLE_STACK) \
+	python3 scripts/make_bundle.py --python-version $(BUNDLE_PYTHON) --stack $(BUNDLE_STACK) \
 		--out dist/bundle
 
 clean:

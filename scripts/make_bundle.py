@@ -9,9 +9,13 @@ torch is used. It holds
   (built here from their sdists where the index has no wheel); and the packages they need
   that a GPU node with torch may lack, as wheels for the node's Python (compiled ones such
   as pycocotools, shapely and regex for that Python's ABI);
-- ``src/``: mmcv's source (the line's distribution), with ``-std=c++17`` already patched to
-  C++20 (torch 2.10 and newer need it; older torch builds with it too). It is compiled on
-  the node against the node's torch by ``scripts/gpu_check.py --bundle``;
+- the test runner and what the cuda tests import beside the package (pytest, pluggy,
+  iniconfig, hypothesis, sortedcontainers), and the build tools of mmcv's compile (ninja,
+  setuptools, wheel): a GPU node's torch image often has none of them;
+- ``src/``: mmcv's source (the line's distribution) as published. It is compiled on the
+  node against the node's torch by ``scripts/gpu_check.py --bundle``, which patches its
+  ``-std=c++17`` to C++20 only where that torch needs it (2.10 and newer; an older torch
+  with an older gcc builds the sources as published);
 - ``source.tar.gz``: this checkout's tracked files (tests, configs, tools, scripts), which
   the check runs its GPU tests from;
 - ``manifest.json``: what is in it (files, sizes, sha256), for which Python and platform,
@@ -50,7 +54,16 @@ RUNTIME_DEPS = ['addict', 'yapf', 'platformdirs', 'termcolor', 'rich', 'markdown
                 'mdurl', 'pygments', 'pyyaml', 'packaging', 'pycocotools', 'shapely',
                 'terminaltables', 'six', 'tqdm', 'ftfy', 'wcwidth', 'prettytable', 'regex',
                 'timm', 'safetensors', 'huggingface-hub', 'filelock', 'fsspec',
-                'typing-extensions', 'pillow', 'model-index', 'tabulate']
+                'typing-extensions', 'pillow', 'model-index', 'ordered-set', 'markdown', 'click',
+                'tabulate']
+#: the test runner and what the cuda tests import beside the package and RUNTIME_DEPS
+#: (``pytest -m cuda`` on a node whose torch image has no test tools); exceptiongroup and
+#: tomli are pytest's requirements below Python 3.11
+TEST_TOOLS = ['pytest', 'pluggy', 'iniconfig', 'hypothesis', 'sortedcontainers']
+TEST_TOOLS_BEFORE_311 = ['exceptiongroup', 'tomli']
+#: what compiling mmcv needs beside torch and a compiler: ninja (without it torch's builder
+#: compiles one file at a time), and setuptools / wheel (a Python 3.12 venv has neither)
+BUILD_TOOLS = ['ninja', 'setuptools', 'wheel']
 #: left to the node: its torch stack, and the large compiled packages every torch image
 #: has (the check names any that is missing)
 NODE_PROVIDES = ['torch', 'torchvision', 'numpy', 'opencv-python(-headless)', 'scipy',
@@ -64,8 +77,10 @@ PLATFORMS = {'x86_64': ['manylinux_2_28_x86_64', 'manylinux_2_17_x86_64',
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--python-version', default='{}.{}'.format(*sys.version_info[:2]),
-                        help="the node's Python, e.g. 3.12 (default: this one's, %(default)s)")
+    parser.add_argument('--python-version', type=python_version,
+                        default='{}.{}'.format(*sys.version_info[:2]),
+                        help="the node's Python as MAJOR.MINOR, e.g. 3.12 (default: this "
+                             "one's, %(default)s)")
     parser.add_argument('--stack', choices=sorted(LINE), default='onedl',
                         help='the OpenMMLab line to bundle (default: %(default)s, the '
                              'maintained fork: numpy 2, current Python)')
@@ -74,6 +89,14 @@ def parse_args(argv=None):
     parser.add_argument('--out', default=osp.join(REPO, 'dist', 'bundle'),
                         help='the bundle folder, replaced (default: dist/bundle)')
     return parser.parse_args(argv)
+
+
+def python_version(text):
+    """``MAJOR.MINOR`` (``3.12``); a full version such as ``3.12.4`` (what Python's Docker
+    images put into $PYTHON_VERSION) is refused, not turned into a tag ``cp3124``."""
+    if not re.fullmatch(r'3\.\d{1,2}', text):
+        raise argparse.ArgumentTypeError(f'{text!r}: give the Python as MAJOR.MINOR, e.g. 3.12')
+    return text
 
 
 def read_pins(path):
@@ -112,18 +135,6 @@ def tracked_files():
             and osp.isfile(osp.join(REPO, p))]
 
 
-def patch_cxx20(src_dir):
-    """mmcv's setup.py hard-codes -std=c++17, which torch >= 2.10's headers refuse."""
-    path = osp.join(src_dir, 'setup.py')
-    with open(path, encoding='utf-8') as f:
-        text = f.read()
-    patched = text.replace('-std=c++17', '-std=c++20')
-    if 'c++20' not in patched:
-        raise SystemExit(f'bundle: could not patch the C++ standard in {path}')
-    with open(path, 'w', encoding='utf-8') as f:
-        f.write(patched)
-
-
 def build_bundle(args):
     out = osp.abspath(args.out)
     if osp.exists(out):
@@ -153,18 +164,15 @@ def build_bundle(args):
             else:  # an sdist only (the fork's codebases): a py3-none-any wheel of it
                 pip('wheel', '--no-deps', '-w', wheels, path)
         # 2. what they need that a node with torch may lack, for the node's Python
-        reqs = [f'{d}=={pins[d]}' if d in pins else d for d in RUNTIME_DEPS]
+        extra = TEST_TOOLS_BEFORE_311 if tuple(map(int, pyver.split('.'))) < (3, 11) else []
+        reqs = [f'{d}=={pins[d]}' if d in pins else d
+                for d in RUNTIME_DEPS + TEST_TOOLS + extra + BUILD_TOOLS]
         pip('download', '--no-deps', '-d', wheels, *target, *reqs)
-        # 3. mmcv's source, patched for C++20
-        pip('download', '--no-deps', '--no-binary', mmcv_dist, '-d', tmp,
+        # 3. mmcv's source as published (the check patches it where the node's torch
+        # needs C++20)
+        pip('download', '--no-deps', '--no-binary', mmcv_dist, '-d', src,
             f'{mmcv_dist}=={pins[normalize(mmcv_dist)]}')
-        archive = [n for n in os.listdir(tmp) if n.endswith('.tar.gz')][0]
-        with tarfile.open(osp.join(tmp, archive)) as tar:
-            tar.extractall(osp.join(tmp, 'mmcv'), filter='data')
-        (top,) = os.listdir(osp.join(tmp, 'mmcv'))
-        patch_cxx20(osp.join(tmp, 'mmcv', top))
-        with tarfile.open(osp.join(src, archive), 'w:gz') as tar:
-            tar.add(osp.join(tmp, 'mmcv', top), arcname=top)
+        archive = [n for n in os.listdir(src) if n.endswith('.tar.gz')][0]
     # 4. this checkout's tracked files: the GPU tests, configs, tools, scripts
     with tarfile.open(osp.join(out, 'source.tar.gz'), 'w:gz') as tar:
         for rel in tracked_files():
@@ -181,9 +189,12 @@ def build_bundle(args):
         stack=args.stack, python_version=pyver, arch=args.arch,
         plugin_version=_plugin_version(), mmcv=dict(dist=mmcv_dist,
                                                      version=pins[normalize(mmcv_dist)],
-                                                     source=f'src/{archive}', cxx20=True),
+                                                     source=f'src/{archive}',
+                                                     cxx20='patched on the node where torch '
+                                                           '>= 2.10'),
         codebases={d: pins[normalize(d)] for d in codebases},
-        node_provides=NODE_PROVIDES, made_with_pip=version('pip'), files=files)
+        node_provides=NODE_PROVIDES, test_tools=TEST_TOOLS, build_tools=BUILD_TOOLS,
+        made_with_pip=version('pip'), files=files)
     with open(osp.join(out, 'manifest.json'), 'w') as f:
         json.dump(manifest, f, indent=2)
     with open(osp.join(out, 'README.md'), 'w') as f:
@@ -218,10 +229,19 @@ On the node, from a copy of this folder (`dist/bundle`):
 From a checkout of the plugin, `python scripts/gpu_check.py --bundle dist/bundle` does the
 same. The check installs `wheels/` into a temporary folder with no index and no network,
 over what the node has (a package the node already has is not installed again), compiles
-`{mmcv_dist}` from `src/` against the node's torch with all cores (CPU ops; `--cuda-ops`
-adds the CUDA ops for the local GPU's architecture), then runs the GPU check and writes
+`{mmcv_dist}` from `src/` against the node's torch with the CPUs the job was given (CPU
+ops; `--cuda-ops` adds the CUDA ops for the GPU's architecture), then runs the GPU check and writes
 `gpu_check_out/gpu_check.json` and `gpu_check_out/summary.txt`. `--target DIR` keeps the
 installed packages in DIR for later use (`PYTHONPATH=DIR`).
+
+Before it installs anything the check looks at the node and refuses, saying what to do,
+when the Python is not {python_version}, a package the node must provide is missing
+(torch, torchvision, numpy, opencv, scipy, matplotlib), torch is older than the supported
+floor, there is no GPU (add `--cpu` to run the CPU smoke on purpose), or the node's own
+OpenMMLab packages are of another line (then it names the bundle to make). A node that
+has this line's packages keeps them; only the plugin and what is missing are installed.
+`--cuda-ops` without a visible GPU needs `--arch` (e.g. `--arch 9.0`) and nvcc of
+torch's CUDA. The output folder must be new or empty.
 
 Contents: `manifest.json` lists every file with its sha256.
 """

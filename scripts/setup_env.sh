@@ -5,7 +5,8 @@
 #   STACK=official (default)  .venv/        requirements/pinned.txt        mmcv 2.1 / mmdet 3.3
 #                                            / mmseg 1.2 on torch 2.14
 #   STACK=onedl               .venv-onedl/  requirements/pinned-onedl.txt  the maintained fork
-#                                            (onedl-mmcv 2.3 / mmdet 3.5 / mmseg 1.4) on torch 2.9
+#                                            (onedl-mmcv 2.3 / mmdet 3.5 / mmseg 1.4) on torch 2.8,
+#                                            the lowest supported torch (setup.cfg)
 #
 # Idempotent: when the venv already holds exactly what its pins, setup.cfg, setup.py and
 # this script ask for, it says so and returns in about a second.
@@ -74,7 +75,11 @@ if "$PY" -c "import mmcv, mmcv._ext, sys; sys.exit(mmcv.__version__ != '$MMCV')"
     say "mmcv $MMCV with compiled ops is already installed"
 else
     PYTAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-    KEY="$MMCV_DIST-$MMCV-torch-$TORCH-$PYTAG-$(uname -m)"
+    # torch's CUDA build (cu124, or cpu) and the ops kind are part of the key:
+    # scripts/gpu_check.py reads and writes the same cache (its _mmcv_key); a wheel built
+    # here has CPU ops only, one built there with --cuda-ops ends in -ops-cudaARCH
+    TORCH_CUDA=$("$PY" -c 'import torch; v = torch.version.cuda; print("cu" + v.replace(".", "") if v else "cpu")')
+    KEY="$MMCV_DIST-$MMCV-torch-$TORCH-$TORCH_CUDA-$PYTAG-$(uname -m)-ops-cpu"
     WHEEL_DIR="$CACHE/$KEY"
     WHEEL=$(ls "$WHEEL_DIR"/*mmcv-*.whl 2>/dev/null | head -n 1 || true)
     if [ -z "$WHEEL" ]; then
@@ -96,7 +101,10 @@ else
         START=$(date +%s)
         # CFLAGS replaces Python's default flags (-g -O3 ...): no debug info, same optimisation.
         # That cuts the build several-fold and keeps the ops as fast.
-        ( cd "$SRC" && MMCV_WITH_OPS=1 FORCE_CUDA=0 MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
+        # CPU ops: mmcv's setup.py builds CUDA ops whenever torch sees a GPU, so the GPU is
+        # hidden from the build (CUDA_VISIBLE_DEVICES='') as well as FORCE_CUDA=0.
+        ( cd "$SRC" && MMCV_WITH_OPS=1 FORCE_CUDA=0 CUDA_VISIBLE_DEVICES='' \
+            MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
             CFLAGS="-O3 -DNDEBUG -fwrapv" \
             "$PY" -m pip wheel --disable-pip-version-check --no-build-isolation --no-deps \
             -w "$BUILD/dist" . )

@@ -5,6 +5,7 @@ step; with_cp variants, the reference paths and the Swin window sweep. The tool 
 whose docstring says what is measured); the tables and plots are
 :mod:`mmplugin_inline.analysis.backbone_report`'s.
 """
+import contextlib
 import dataclasses
 import json
 import os
@@ -16,7 +17,7 @@ import torch
 
 from mmplugin_inline.core.matmul_backend import cpu_linear_backend, linear
 
-from .backbone_report import MODES, OURS, fmt, markdown, plot
+from .backbone_report import MODES, OURS, fig3_markdown, fmt, markdown, plot
 from .measure import (
     extrapolate,
     interleaved_times,
@@ -30,6 +31,11 @@ from .measure import (
 FAMILIES = ('pvt', 'swin', 'cswin', 'deit')
 DEFAULT_SIZES = ('224x224', '512x512', '800x1344', '1024x2048')
 CP_VALUES = {'none': False, 'full': True, 'mlp': 'mlp', 'attn': 'attn'}
+#: the paper's Fig. 3: DeiT-T input sides (640 and 1024 among them) and Swin windows (at 224)
+FIG3_SIZES = (224, 384, 512, 640, 768, 1024)
+FIG3_WINDOWS = (7, 14, 28, 56)
+#: Fig. 3's precisions: fp32, and autocast to fp16 or bf16
+PRECISIONS = {'fp32': None, 'fp16': torch.float16, 'bf16': torch.bfloat16}
 PEERS = {'pvt': 'PVT-T (mmdet)', 'swin': 'Swin-T w7 (mmdet)', 'cswin': 'CSWin-T softmax',
          'deit': 'DeiT-T (timm)'}
 
@@ -61,6 +67,14 @@ class BackboneRaceOptions:
         no_flops (bool): skip FLOP counts.
         no_plots (bool): write no plots.
         out_dir (str): where ``results.json``, ``results.md`` and the plots go.
+        paper_fig3 (bool): run the paper's Fig. 3 instead of the race
+            (:func:`run_paper_fig3`).
+        batch (int, optional): Fig. 3's batch (default: 16 on CUDA, 1 on the CPU).
+        fig3_sizes (list[int]): Fig. 3's DeiT input sides.
+        fig3_windows (list[int]): Fig. 3's Swin windows.
+        fig3_input (int): the side of Fig. 3's Swin window sweep input.
+        precisions (list[str], optional): Fig. 3's precisions, of :data:`PRECISIONS`
+            (default: fp32 and fp16 autocast on CUDA, fp32 and bf16 autocast on the CPU).
     """
     families: List[str] = dataclasses.field(default_factory=lambda: list(FAMILIES))
     sizes: List[Tuple[int, int]] = dataclasses.field(
@@ -80,6 +94,12 @@ class BackboneRaceOptions:
     no_flops: bool = False
     no_plots: bool = False
     out_dir: str = 'work_dirs/benchmark_backbones'
+    paper_fig3: bool = False
+    batch: Optional[int] = None
+    fig3_sizes: List[int] = dataclasses.field(default_factory=lambda: list(FIG3_SIZES))
+    fig3_windows: List[int] = dataclasses.field(default_factory=lambda: list(FIG3_WINDOWS))
+    fig3_input: int = 224
+    precisions: Optional[List[str]] = None
 
 
 class Tokens(torch.nn.Module):
@@ -320,3 +340,105 @@ def run_benchmark(options: BackboneRaceOptions) -> dict:
     print('wrote', ', '.join([os.path.join(options.out_dir, n) for n in ('results.json',
                                                                        'results.md')] + plots))
     return dict(env=env, results=results, plots=plots)
+
+
+# -- the paper's Fig. 3 ---------------------------------------------------------------------
+
+def fig3_precisions(device, asked=None):
+    """(precisions, note): fp32 and fp16 autocast on CUDA (bf16 too where asked and the
+    device has it); on the CPU fp32 and bf16 autocast, which stands in for fp16 there (the
+    CPU's fp16 autocast runs few ops in fp16 and none faster); the note says which."""
+    kind = torch.device(device).type
+    if kind == 'cuda':
+        wanted = asked or ['fp32', 'fp16']
+        usable = [p for p in wanted if p != 'bf16' or torch.cuda.is_bf16_supported()]
+        note = 'fp16 / bf16: torch.autocast on CUDA'
+    else:
+        wanted = asked or ['fp32', 'bf16']
+        usable = [p for p in wanted if p != 'fp16']
+        note = ('CPU: bf16 autocast stands in for the paper\'s fp16 (fp16 autocast is not '
+                'measured on the CPU)')
+    skipped = [p for p in wanted if p not in usable]
+    if skipped:
+        note += f"; skipped here: {', '.join(skipped)}"
+    return usable, note
+
+
+def fig3_pairs(options):
+    """(comparison, setting, (H, W), {'softmax': model, 'inline': model}) of Fig. 3: DeiT-T
+    against InLine-DeiT-T over ``fig3_sizes``, Swin-T against InLine-Swin-T over
+    ``fig3_windows`` at ``fig3_input`` (windows cut to each stage's map)."""
+    deit = {'softmax': build_peer('deit'), 'inline': build_ours('deit', out_indices=(11,))}
+    for side in options.fig3_sizes:
+        yield 'deit', f'{side}x{side}', (side, side), deit
+    hw = (options.fig3_input, options.fig3_input)
+    for window in options.fig3_windows:
+        models = window_models(window, hw)
+        yield 'swin', f'window {window}', hw, {
+            'softmax': models[f'softmax windows {window}'],
+            'inline': models[f'InLine windows {window}']}
+
+
+def run_paper_fig3(options: BackboneRaceOptions) -> dict:
+    """The paper's Fig. 3 on ``options.device``: inference throughput (images/s at one
+    batch) of each softmax model and its InLine counterpart, interleaved, in each
+    precision; the measured ratio beside the paper's. Writes ``results.json`` (``env``,
+    ``paper_fig3``: the rows) and ``results.md`` under ``options.out_dir``."""
+    if options.threads:
+        torch.set_num_threads(options.threads)
+    device = options.device
+    kind = torch.device(device).type
+    batch = options.batch or (16 if kind == 'cuda' else 1)
+    precisions, note = fig3_precisions(device, options.precisions)
+    os.makedirs(options.out_dir, exist_ok=True)
+    env = dict(device=str(device), torch=torch.__version__, batch=batch,
+               repeats=options.repeats, precisions=precisions, precision_note=note,
+               machine=platform.processor() or platform.machine(), load_start=load_average(),
+               threads=torch.get_num_threads())
+    if kind == 'cuda':
+        env['device_name'] = torch.cuda.get_device_name(torch.device(device))
+        env['device'] = f"{device} ({env['device_name']})"
+    rows = []
+    for comparison, setting, hw, models in fig3_pairs(options):
+        for model in models.values():
+            model.to(device).eval()
+        for precision in precisions:
+            row = dict(comparison=comparison, setting=setting, precision=precision,
+                       batch=batch, softmax_ips=None, inline_ips=None, ratio=None)
+            rows.append(row)
+            try:
+                x = torch.randn(batch, 3, *hw, device=device)
+                dtype = PRECISIONS[precision]
+
+                def call(model, x=x, dtype=dtype):
+                    ctx = (torch.autocast(kind, dtype=dtype) if dtype is not None
+                           else contextlib.nullcontext())
+                    with torch.no_grad(), ctx:
+                        return model(x)
+                timed = interleaved_times(
+                    {name: (lambda m=m: call(m)) for name, m in models.items()},
+                    options.repeats, device, max_warmup_s=options.max_call_s)
+            except torch.cuda.OutOfMemoryError:
+                row['note'] = f'out of memory at batch {batch}'
+                torch.cuda.empty_cache()
+                continue
+            for name, times in timed.times.items():
+                row[f'{name}_ips'] = batch / statistics.median(times)
+                row[f'{name}_times_ms'] = [1e3 * t for t in times]
+            if timed.over_cap:
+                row['note'] = 'one timed call (the warm-up exceeded --max-call-s)'
+            row['ratio'] = row['inline_ips'] / row['softmax_ips']
+            print(f"{comparison:5s} {setting:>10s} {precision:5s} softmax "
+                  f"{row['softmax_ips']:9.1f} img/s  InLine {row['inline_ips']:9.1f} img/s  "
+                  f"{row['ratio']:.2f}x", flush=True)
+        for model in models.values():
+            model.to('cpu')
+    env['load_end'] = load_average()
+    table = fig3_markdown(rows, env)
+    with open(os.path.join(options.out_dir, 'results.json'), 'w') as f:
+        json.dump(dict(env=env, args=dataclasses.asdict(options), paper_fig3=rows), f,
+                  indent=1, default=str)
+    with open(os.path.join(options.out_dir, 'results.md'), 'w') as f:
+        f.write(table)
+    print(table)
+    return dict(env=env, paper_fig3=rows)

@@ -152,3 +152,27 @@ def plot(results, out_dir):
         paths.append(loglog_figure(panels, os.path.join(out_dir, fname),
                                    figsize=(7 * len(modes), 5), legend_fontsize=7))
     return paths
+
+
+#: the paper's Fig. 3 (InLine attention; throughput on an RTX 3090): InLine over softmax,
+#: images/s, by (comparison, setting): DeiT-T at 640 and 1024, Swin-T at windows 28 and 56
+PAPER_FIG3 = {('deit', '640x640'): 2.4, ('deit', '1024x1024'): 4.8,
+              ('swin', 'window 28'): 1.9, ('swin', 'window 56'): 3.7}
+FIG3_NAMES = {'deit': 'DeiT-T vs InLine-DeiT-T', 'swin': 'Swin-T vs InLine-Swin-T'}
+
+
+def fig3_markdown(rows, env):
+    """The paper's Fig. 3 as a table: per comparison, setting and precision the images/s
+    of the softmax model and of InLine, the measured ratio and the paper's beside it."""
+    lines = [f"Paper Fig. 3 on {env['device']} (torch {env['torch']}): inference throughput "
+             f"in images/s at batch {env['batch']}, median of {env['repeats']} interleaved "
+             f"repeats; {env['precision_note']}", '',
+             '| comparison | setting | precision | softmax img/s | InLine img/s | '
+             'measured InLine / softmax | paper |', '|---|---|---|---|---|---|---|']
+    for r in rows:
+        paper = PAPER_FIG3.get((r['comparison'], r['setting']))
+        ratio = fmt(r.get('ratio'), '.2f') + 'x' if r.get('ratio') else r.get('note', '-')
+        lines.append(f"| {FIG3_NAMES[r['comparison']]} | {r['setting']} | {r['precision']} | "
+                     f"{fmt(r.get('softmax_ips'), '.1f')} | {fmt(r.get('inline_ips'), '.1f')} | "
+                     f"{ratio} | {fmt(paper, '.1f') + 'x' if paper else '-'} |")
+    return '\n'.join(lines) + '\n'

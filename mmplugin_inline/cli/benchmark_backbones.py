@@ -34,12 +34,27 @@ Writes ``results.json``, ``results.md`` and ``time_vs_pixels.png`` / ``memory_vs
     python tools/analysis_tools/benchmark_backbones.py --out-dir work_dirs/bench_backbones
     python tools/analysis_tools/benchmark_backbones.py --families pvt --sizes 224x224 \\
         --repeats 1 --modes infer --device cuda          # one quick case
+    python tools/analysis_tools/benchmark_backbones.py --paper-fig3 --device cuda
+
+``--paper-fig3`` runs the paper's Fig. 3 instead: DeiT-T (timm) against InLine-DeiT-T at
+input sides 224 to 1024 (640 and 1024 among them), Swin-T against InLine-Swin-T with
+windows 7, 14, 28 and 56 at 224, inference throughput in images/s at ``--batch``, in fp32
+and under fp16 autocast (on the CPU bf16 autocast stands in, as the table says), and
+prints each measured ratio InLine / softmax beside the paper's (2.4x and 4.8x at 640 and
+1024; 1.9x and 3.7x at windows 28 and 56; RTX 3090).
 """
 import argparse
 
 import torch
 
-from ..analysis.backbone_benchmark import CP_VALUES, FAMILIES, BackboneRaceOptions, run_benchmark
+from ..analysis.backbone_benchmark import (
+    CP_VALUES,
+    FAMILIES,
+    PRECISIONS,
+    BackboneRaceOptions,
+    run_benchmark,
+    run_paper_fig3,
+)
 from ..analysis.backbone_report import MODES
 from ..analysis.measure import parse_size
 
@@ -76,9 +91,30 @@ def parse_args(argv=None):
     parser.add_argument('--no-flops', action='store_true', help='skip FLOP counts')
     parser.add_argument('--no-plots', action='store_true')
     parser.add_argument('--out-dir', default=defaults.out_dir)
+    fig3 = parser.add_argument_group(
+        "the paper's Fig. 3 (--paper-fig3; the race's options above do not apply, except "
+        '--device, --repeats, --threads, --max-call-s, --out-dir)')
+    fig3.add_argument('--paper-fig3', action='store_true',
+                      help='DeiT-T vs InLine-DeiT-T over --fig3-sizes, Swin-T vs InLine-Swin-T '
+                           'over --fig3-windows; inference images/s; measured ratios beside '
+                           "the paper's (2.4x, 4.8x at 640, 1024; 1.9x, 3.7x at windows 28, 56)")
+    fig3.add_argument('--batch', type=int, default=defaults.batch,
+                      help='images per call (default: 16 on CUDA, 1 on the CPU)')
+    fig3.add_argument('--fig3-sizes', nargs='+', type=int, default=defaults.fig3_sizes,
+                      help='DeiT input sides (default: %(default)s)')
+    fig3.add_argument('--fig3-windows', nargs='+', type=int, default=defaults.fig3_windows,
+                      help='Swin windows (default: %(default)s)')
+    fig3.add_argument('--fig3-input', type=int, default=defaults.fig3_input,
+                      help='side of the Swin window sweep input (default: %(default)s)')
+    fig3.add_argument('--precisions', nargs='+', choices=sorted(PRECISIONS),
+                      default=defaults.precisions,
+                      help='default: fp32 and fp16 autocast on CUDA; fp32 and bf16 autocast '
+                           'on the CPU (stated in the table)')
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error('--repeats must be at least 1')
+    if args.batch is not None and args.batch < 1:
+        parser.error('--batch must be at least 1')
     return args
 
 
@@ -86,4 +122,6 @@ def main(argv=None):
     options = BackboneRaceOptions(**vars(parse_args(argv)))
     if torch.device(options.device).type == 'cuda' and not torch.cuda.is_available():
         raise SystemExit(f'--device {options.device} asked for, but CUDA is not available here')
+    if options.paper_fig3:
+        return run_paper_fig3(options)
     return run_benchmark(options)

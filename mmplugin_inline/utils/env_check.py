@@ -11,7 +11,8 @@ reported as one readable message instead of a stack trace from deep inside mmcv.
 
 Two OpenMMLab lines are supported (:mod:`.stacks`): the official releases and the
 maintained fork (``onedl-*``). The check names the line it found, holds each package to
-that line's own versions, and refuses a mix of the two.
+that line's own versions, and refuses a mix of the two, and a torch below the supported
+floor (:data:`.stacks.TORCH_FLOOR`).
 """
 import importlib
 import sys
@@ -62,6 +63,12 @@ def collect_problems() -> Tuple[List[str], List[str]]:
     if torch is None:
         return found, problems + [f'PyTorch does not import ({err}). {hint}']
     found.append(f'torch {torch.__version__} (CUDA available: {torch.cuda.is_available()})')
+    too_old = stacks.torch_problem(torch.__version__)
+    if too_old is not None:
+        problems.append(too_old)
+    untested = stacks.torch_untested(torch.__version__)
+    if untested is not None:
+        found.append(f'note: {untested}')
 
     mmengine, err = _try_import('mmengine')
     if mmengine is None:

@@ -46,6 +46,53 @@ COMPONENTS = (
               {OFFICIAL: ('1.0.0', '1.3.0'), ONEDL: ('1.3.0', '2.0.0')}),
 )
 COMPONENT = {c.module: c for c in COMPONENTS}
+
+#: The supported torch range, on either line: the lowest release the plugin runs on (CI's
+#: fork environment stands there, requirements/pinned-onedl.txt; setup.cfg states it) and
+#: the newest one tested (the official environment, requirements/pinned.txt). A torch below
+#: the floor is refused by the environment check and the GPU check; one above the tested
+#: top is reported as untested, not refused.
+TORCH_FLOOR = '2.8'
+TORCH_TESTED = ('2.8.0', '2.14.1')
+
+
+def release(version: str) -> Tuple[int, ...]:
+    """The release numbers of a version string (``'2.6.0+cu124'`` -> ``(2, 6, 0)``), for
+    comparing releases without any third-party parser (the GPU check runs this module
+    before anything is installed)."""
+    numbers = []
+    for part in version.split('+')[0].split('.'):
+        digits = ''
+        for ch in part:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        numbers.append(int(digits))
+        if len(digits) < len(part):  # 0rc1, 1a0, 0.dev: the release ends here
+            break
+    return tuple(numbers)
+
+
+def torch_problem(version: str) -> Optional[str]:
+    """A message when torch ``version`` is below the supported floor, else None."""
+    if release(version) >= release(TORCH_FLOOR):
+        return None
+    return (f'torch {version} is older than the lowest torch mmplugin_inline supports '
+            f'({TORCH_FLOOR}; tested {TORCH_TESTED[0]} to {TORCH_TESTED[1]}): older torch '
+            'fails in the ONNX export of whole models (its exporter lacks symbolic float '
+            'ops and traces strictly by default). Use an environment with torch >= '
+            f'{TORCH_FLOOR} (e.g. a newer cluster image or module, or a venv with '
+            f'`pip install "torch>={TORCH_FLOOR}"`).')
+
+
+def torch_untested(version: str) -> Optional[str]:
+    """A note when torch ``version`` is newer than the newest tested release, else None."""
+    if release(version)[:2] <= release(TORCH_TESTED[1])[:2]:
+        return None
+    return (f'torch {version} is newer than the newest tested release ({TORCH_TESTED[1]}); '
+            'it is not refused, but untested.')
 COMPONENT_BY_DIST = {dist: c for c in COMPONENTS for dist in c.dists.values()}
 LINE_NAMES = {OFFICIAL: 'the official OpenMMLab releases',
               ONEDL: 'the maintained fork (onedl-* packages)'}

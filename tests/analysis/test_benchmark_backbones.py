@@ -88,3 +88,55 @@ def test_reference_paths_race_beside_the_fast_paths(tmp_path, monkeypatch):
     assert core.fast_paths_enabled()
     table = (tmp_path / 'results.md').read_text()
     assert 'speed-up (reference / fast)' in table and '| swin | 32x32 | infer |' in table
+
+
+def test_paper_fig3_runs_on_the_cpu_with_small_sizes(tmp_path):
+    """--paper-fig3 with the sizes and windows made small: DeiT-T against InLine-DeiT-T per
+    size, Swin-T against InLine-Swin-T per window, fp32 and bf16 autocast (the CPU's stand-in
+    for fp16, stated), images/s and the measured ratio of each, in the JSON and the table."""
+    out = bench_tool.main(['--paper-fig3', '--fig3-sizes', '48', '--fig3-windows', '4',
+                           '--fig3-input', '32', '--repeats', '1', '--device', 'cpu',
+                           '--out-dir', str(tmp_path)])
+    rows = out['paper_fig3']
+    assert [(r['comparison'], r['setting'], r['precision']) for r in rows] == [
+        (c, s, p) for c, s in (('deit', '48x48'), ('swin', 'window 4')) for p in ('fp32', 'bf16')]
+    for r in rows:
+        assert r['batch'] == 1 and r['softmax_ips'] > 0 and r['inline_ips'] > 0
+        assert r['ratio'] == pytest.approx(r['inline_ips'] / r['softmax_ips'])
+    saved = json.loads((tmp_path / 'results.json').read_text())
+    assert saved['paper_fig3'] == json.loads(json.dumps(rows))
+    assert saved['env']['batch'] == 1 and 'bf16 autocast stands in' in saved['env'][
+        'precision_note']
+    table = (tmp_path / 'results.md').read_text()
+    assert '| DeiT-T vs InLine-DeiT-T | 48x48 | bf16 |' in table
+    assert '| Swin-T vs InLine-Swin-T | window 4 | fp32 |' in table
+    assert 'at batch 1' in table
+
+
+def test_the_fig3_table_puts_the_papers_ratio_beside_the_measured_one():
+    from mmplugin_inline.analysis.backbone_report import fig3_markdown
+    env = dict(device='cuda (H100)', torch='2.6.0', batch=16, repeats=5,
+               precision_note='fp16: autocast')
+    rows = [dict(comparison=c, setting=s, precision='fp16', softmax_ips=100.0,
+                 inline_ips=100.0 * k, ratio=k)
+            for c, s, k in (('deit', '224x224', 0.9), ('deit', '640x640', 2.2),
+                            ('deit', '1024x1024', 5.0), ('swin', 'window 7', 0.95),
+                            ('swin', 'window 28', 2.0), ('swin', 'window 56', 3.5))]
+    rows.append(dict(comparison='deit', setting='1024x1024', precision='fp32',
+                     softmax_ips=None, inline_ips=None, ratio=None,
+                     note='out of memory at batch 16'))
+    table = fig3_markdown(rows, env).splitlines()
+    assert 'batch 16' in table[0] and 'median of 5' in table[0]
+    assert '| DeiT-T vs InLine-DeiT-T | 224x224 | fp16 | 100.0 | 90.0 | 0.90x | - |' in table
+    assert '| DeiT-T vs InLine-DeiT-T | 640x640 | fp16 | 100.0 | 220.0 | 2.20x | 2.4x |' in table
+    assert '| DeiT-T vs InLine-DeiT-T | 1024x1024 | fp16 | 100.0 | 500.0 | 5.00x | 4.8x |' in table
+    assert '| Swin-T vs InLine-Swin-T | window 28 | fp16 | 100.0 | 200.0 | 2.00x | 1.9x |' in table
+    assert '| Swin-T vs InLine-Swin-T | window 56 | fp16 | 100.0 | 350.0 | 3.50x | 3.7x |' in table
+    assert '| DeiT-T vs InLine-DeiT-T | 1024x1024 | fp32 | - | - | out of memory at batch 16 ' \
+           '| 4.8x |' in table
+
+
+def test_fig3_precisions_per_device():
+    assert bench.fig3_precisions('cpu')[0] == ['fp32', 'bf16']
+    precisions, note = bench.fig3_precisions('cpu', ['fp32', 'fp16'])
+    assert precisions == ['fp32'] and 'skipped here: fp16' in note

@@ -244,28 +244,46 @@ def test_backbone_benchmark_on_cuda(tmp_path):
 
 
 def test_the_gpu_benchmark_case_uses_options_the_benchmark_accepts():
-    """Runs on CPU: the case make gpu-check runs parses with the tool's own parser."""
+    """Runs on CPU: the case make gpu-check runs parses with the tool's own parser, and is
+    the paper's Fig. 3 on CUDA."""
+    from mmplugin_inline.analysis.backbone_benchmark import FIG3_SIZES, FIG3_WINDOWS
     from mmplugin_inline.cli import benchmark_backbones as tool
     assert gpu_check.BENCHMARK == 'tools/analysis_tools/benchmark_backbones.py'
     args = tool.parse_args(shlex.split(gpu_check.BENCHMARK_ARGS))
-    assert args.device == 'cuda' and args.families == ['pvt', 'swin', 'cswin', 'deit']
-    assert args.sizes == [(1024, 1024), (1024, 2048)] and args.modes == ['infer', 'train']
+    assert args.device == 'cuda' and args.paper_fig3 and args.precisions is None
+    assert args.fig3_sizes == list(FIG3_SIZES) and {640, 1024} <= set(args.fig3_sizes)
+    assert args.fig3_windows == list(FIG3_WINDOWS) == [7, 14, 28, 56]
 
 
 # -- make gpu-check: its report, tested without a GPU -------------------------------------
 
+@pytest.mark.skipif(HAS_CUDA, reason='this machine has a GPU: the no-GPU path does not run')
+def test_gpu_check_without_a_gpu_refuses_before_anything_runs(tmp_path, capsys):
+    """No GPU and no --cpu: exit 2 at once, saying there is no GPU; nothing runs."""
+    assert gpu_check.main(['--out-dir', str(tmp_path)]) == gpu_check.REFUSED
+    err = capsys.readouterr().err
+    assert 'no GPU' in err and '--cpu' in err
+    with open(tmp_path / 'gpu_check.json') as f:
+        report = json.load(f)
+    assert report['cuda_available'] is False and report['ok'] is False
+    assert report['env_check']['status'] == 'not run'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['gpu_check.json', 'summary.txt']
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(HAS_CUDA, reason='this machine has a GPU: the no-GPU path does not run')
-def test_gpu_check_without_a_gpu_says_so_writes_the_json_and_exits_0(tmp_path, capsys):
-    # in-process (its environment check still runs as a subprocess)
-    assert gpu_check.main(['--out-dir', str(tmp_path)]) == 0
-    assert 'no CUDA device' in capsys.readouterr().out
+def test_gpu_check_cpu_mode_says_so_writes_the_json_and_exits_0(tmp_path, capsys):
+    # in-process (its environment check, smoke and collection run as subprocesses)
+    assert gpu_check.main(['--out-dir', str(tmp_path), '--cpu']) == 0
+    assert '--cpu' in capsys.readouterr().out
     with open(tmp_path / 'gpu_check.json') as f:
         report = json.load(f)
     assert report['cuda_available'] is False and report['ok'] is True
     assert report['torch'] == torch.__version__ and report['torch_cuda'] == torch.version.cuda
-    assert 'no CUDA device' in report['note']
+    assert 'no GPU on purpose' in report['note']
     assert report['env_check']['ok'] is True and 'mmcv' in report['env_check']['report']
+    assert report['cpu_smoke']['ok'] is True
+    assert report['cuda_collect']['ok'] is True and report['cuda_collect']['collected'] > 10
     assert 'cuda_tests' not in report and 'benchmark' not in report
 
 
@@ -297,7 +315,7 @@ def test_gpu_check_report_with_a_gpu(tmp_path, monkeypatch):
         return 0, 'fine'
 
     monkeypatch.setattr(gpu_check, 'run', fake_run)
-    monkeypatch.setattr(gpu_check, 'device_info', lambda: dict(
+    monkeypatch.setattr(gpu_check, 'device_info', lambda mmcv=True: dict(
         torch=torch.__version__, torch_cuda='12.4', cuda_available=True, device='Fake GPU',
         capability='9.0', cudnn=90100))
     monkeypatch.setattr(gpu_check, 'BENCHMARK', 'scripts/gpu_check.py')  # exists
@@ -314,3 +332,30 @@ def test_gpu_check_report_with_a_gpu(tmp_path, monkeypatch):
     assert report['benchmark']['results'] == {'result.json': {'InLinePVT-t': {'fwd_ms': 1.5}}}
     assert calls[0][1:] == ['-m', 'mmplugin_inline.utils.env_check'] and len(calls) == 3
     assert sys.executable == calls[0][0]
+
+
+def test_a_step_that_times_out_is_reported_so_without_its_partial_files(tmp_path, monkeypatch):
+    """The benchmark runs past its limit after writing a partial JSON: the step reads
+    'timed out', no result of it is read back, and the run fails."""
+    def fake_run(cmd, log_path, timeout, cwd=None):
+        if cmd[1:3] == ['-m', 'pytest']:
+            junit = [a for a in cmd if a.startswith('--junitxml=')][0].split('=', 1)[1]
+            with open(junit, 'w') as f:
+                f.write('<testsuites><testsuite><testcase classname="t" name="a"/>'
+                        '</testsuite></testsuites>')
+            return 0, 'fine'
+        if '--out-dir' in cmd:
+            with open(osp.join(cmd[cmd.index('--out-dir') + 1], 'results.json'), 'w') as f:
+                json.dump({'partial': True}, f)
+            return 124, '[timed out after 5 s]'
+        return 0, 'fine'
+
+    monkeypatch.setattr(gpu_check, 'run', fake_run)
+    monkeypatch.setattr(gpu_check, 'device_info', lambda mmcv=True: dict(
+        torch=torch.__version__, torch_cuda='12.4', cuda_available=True, device='Fake GPU',
+        capability='9.0', cudnn=90100))
+    assert gpu_check.main(['--out-dir', str(tmp_path / 'out'), '--timeout', '5']) == 1
+    report = json.loads((tmp_path / 'out' / 'gpu_check.json').read_text())
+    assert report['cuda_tests']['status'] == 'ok'
+    assert report['benchmark']['status'] == 'timed out' and report['benchmark']['results'] == {}
+    assert 'benchmark: timed out' in (tmp_path / 'out' / 'summary.txt').read_text()

@@ -101,6 +101,29 @@ def test_environment_check_holds_mmcv_to_its_lines_range(monkeypatch, line, vers
     assert stacks.LINE_NAMES[line] in text
 
 
+@pytest.mark.parametrize('version, refused', [('2.7.1+cu126', True), ('2.6.0', True),
+                                               ('2.5.1', True), ('2.8.0', False),
+                                               ('2.8.0rc1', False), ('2.14.1', False),
+                                               ('2.17.0', False)])
+def test_environment_check_refuses_a_torch_below_the_floor_by_name(monkeypatch, version,
+                                                                    refused):
+    from mmplugin_inline.utils import env_check, stacks
+    monkeypatch.setattr(torch, '__version__', version)
+    text, ok = env_check.environment_report()
+    assert (f'torch {version} is older than the lowest torch' in text) is refused, text
+    assert ok is (not refused), text  # the tested environment is otherwise sound
+    if refused:
+        assert f'torch >= {stacks.TORCH_FLOOR}' in text
+    if version == '2.17.0':  # newer than tested: said, not refused
+        assert 'untested' in text and ok, text
+
+
+def test_release_numbers_need_no_parser():
+    from mmplugin_inline.utils.stacks import release
+    assert release('2.6.0+cu124') == (2, 6, 0) and release('2.10.0a0+git1') == (2, 10, 0)
+    assert release('2.6') < release('2.10.0') and release('2.6.0rc1') >= release('2.6')
+
+
 def _fake_dists(monkeypatch, dists):
     from mmplugin_inline.utils import stacks
     monkeypatch.setattr(stacks, 'installed_version', lambda dist: dists.get(dist))

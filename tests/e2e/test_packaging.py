@@ -89,8 +89,11 @@ def test_no_openmmlab_line_is_an_install_requirement(metadata):
 def test_extras_all_det_seg_are_line_neutral_and_each_line_has_its_own(metadata):
     by_extra = _by_extra(metadata)
     lines = _line_dists()
-    assert set(metadata.get_all('Provides-Extra')) >= {'det', 'seg', 'all', 'mim', 'official',
+    assert set(metadata.get_all('Provides-Extra')) >= {'det', 'seg', 'all', 'official',
                                                        'onedl'}
+    # an extra naming the official mmcv would pull it onto the fork ([mim] once did):
+    # mmcv is built for the machine's torch (requirements/mminstall.txt, setup_env.sh)
+    assert not any('mmcv' in names for names in by_extra.values()), by_extra
     everything = lines['official'] | lines['onedl']
     for extra in ('det', 'seg', 'all'):
         assert not by_extra[extra] & everything, (extra, by_extra[extra] & everything)
@@ -99,7 +102,6 @@ def test_extras_all_det_seg_are_line_neutral_and_each_line_has_its_own(metadata)
         lines['official'] | by_extra['all'])
     assert {'onedl-mmengine', 'onedl-mmdetection', 'onedl-mmsegmentation'} <= (
         by_extra['onedl']) <= lines['onedl'] | by_extra['all']
-    assert by_extra['mim'] == {'mmcv'}
 
 
 @pytest.mark.parametrize('line, pins', [('official', 'pinned.txt'),
@@ -137,6 +139,13 @@ def test_the_lower_end_of_the_torch_range_is_a_tested_pin(metadata):
     lowest = min(_pins()['torch'], _pins('pinned-onedl.txt')['torch'])
     low = [Version(s.version) for s in torch_req[0].specifier if s.operator == '>=']
     assert low and low[0].release[:2] == lowest.release[:2], (torch_req, lowest)
+    # the environment and GPU checks refuse below the same floor, and name the tested ends
+    from mmplugin_inline.utils import stacks
+    assert Version(stacks.TORCH_FLOOR) == low[0], (stacks.TORCH_FLOOR, low)
+    tested = sorted([_pins()['torch'], _pins('pinned-onedl.txt')['torch']])
+    assert [Version(v) for v in stacks.TORCH_TESTED] == tested, (stacks.TORCH_TESTED, tested)
+    # and no upper bound: a node's newer torch is never replaced on install
+    assert all(s.operator == '>=' for s in torch_req[0].specifier), torch_req
 
 
 def test_licence_and_citation_agree_with_the_package(metadata):
