@@ -22,6 +22,15 @@ def _input(name):
     return torch.randn(*INPUT.get(name, (2, 3, 45, 61)), generator=torch.Generator().manual_seed(1))
 
 
+# torch 2.8's dynamo breaks the training-mode graph at each stage ("step_unsupported" where
+# a stage hands its tokens to the blocks; the stage loop before a stage became one call
+# broke on 2.8 too); from 2.9 on it is one graph. The compiled results equal
+# eager's on every supported torch (test_compiled_backbone_equals_eager_forward_and_backward)
+ONE_GRAPH_FROM = (2, 9)
+
+
+@pytest.mark.skipif(tuple(int(p) for p in torch.__version__.split('.')[:2]) < ONE_GRAPH_FROM,
+                    reason="torch 2.8's dynamo breaks the training graph at every stage")
 @pytest.mark.parametrize('name', sorted(TINY_BACKBONES))
 def test_backbone_traces_as_one_graph(name):
     # training mode with gradients: the kernel's autograd.Function, drop path and the
