@@ -41,10 +41,11 @@ test-fast: setup
 	$(PY) -m pytest -m "not slow and not cuda" $(PYTEST_ARGS)
 
 # the end-to-end runs of a second environment in CI: train, resume (ours and the stock
-# tools/train.py), test, the demo, DDP, whole-detector ONNX export and its runtime, mim
+# tools/train.py), test, the demo, DDP, whole-detector ONNX export and its runtime, mim,
+# the timm face in smp and transformers
 test-e2e: setup
 	$(PY) -m pytest -n 2 --dist loadgroup -m "slow and not cuda" tests/e2e tests/engine \
-		tests/deployment/test_onnx_whole.py $(PYTEST_ARGS)
+		tests/deployment/test_onnx_whole.py tests/timm tests/docs/test_timm_page.py $(PYTEST_ARGS)
 
 # ruff (pinned in requirements/pinned.txt, configured in pyproject.toml): pyflakes,
 # pycodestyle, import order and the bugbear checks that fit; CI runs it before the tests
