@@ -3,6 +3,7 @@ declares and the checkpoint hooks; plain PyTorch (the OpenMMLab contract, ``init
 ``frozen_stages`` and ``norm_eval``, is the face in :mod:`mmplugin_inline.openmmlab`)."""
 import copy
 import functools
+import itertools
 import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -293,7 +294,9 @@ class InLineBackbone(nn.Module):
         real = self._real_pixels(x, real_hw)
         t = TokenMap(self._stem_input(x, real), tuple(x.shape[-2:]), real)
         maps = []
-        for stage in self.stages[:(max(self.out_indices) if last is None else last) + 1]:
+        # islice, not self.stages[:n]: slicing builds a new ModuleList on every forward
+        for stage in itertools.islice(
+                self.stages, (max(self.out_indices) if last is None else last) + 1):
             t = stage(t)
             maps.append(t)
         return maps
